@@ -1,0 +1,139 @@
+"""Schedule IR: a collective as pure data, one list of steps per rank.
+
+A step posts all its transfers together, waits for all of them, then runs
+its local ops in order.  Regions name a buffer (``input`` is read only,
+``output``, ``scratch``), an element offset and an element count.
+Messages between one pair of ranks match in the order they are posted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = [
+    "INPUT", "OUTPUT", "SCRATCH", "BUFFERS",
+    "Region", "Send", "Recv", "Reduce", "Copy", "Step", "Schedule",
+    "Timeline", "chunk_bounds",
+]
+
+INPUT, OUTPUT, SCRATCH = "input", "output", "scratch"
+BUFFERS = (INPUT, OUTPUT, SCRATCH)
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """A contiguous run of ``count`` elements at ``offset`` in ``buffer``."""
+
+    buffer: str
+    offset: int
+    count: int
+
+    @property
+    def stop(self) -> int:
+        return self.offset + self.count
+
+    def overlaps(self, other: "Region") -> bool:
+        return (self.buffer == other.buffer and self.count and other.count
+                and self.offset < other.stop and other.offset < self.stop)
+
+    def sub(self, offset: int, count: int) -> "Region":
+        """Return the region ``count`` elements long at ``offset`` within this one."""
+        return Region(self.buffer, self.offset + offset, count)
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    peer: int
+    region: Region
+
+
+@dataclass(frozen=True, slots=True)
+class Recv:
+    peer: int
+    region: Region
+
+
+@dataclass(frozen=True, slots=True)
+class Reduce:
+    """``dst = dst (op) src``."""
+
+    dst: Region
+    src: Region
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    dst: Region
+    src: Region
+
+
+@dataclass(slots=True)
+class Step:
+    transfers: list = field(default_factory=list)
+    ops: list = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Schedule:
+    """One rank's part of a collective."""
+
+    rank: int
+    size: int
+    input_count: int
+    output_count: int
+    scratch_count: int
+    steps: list
+
+    def transfers(self):
+        """Yield ``(step_index, transfer)`` for every transfer."""
+        for i, step in enumerate(self.steps):
+            for t in step.transfers:
+                yield i, t
+
+
+class Timeline:
+    """Build a schedule by time slot; empty slots and empty regions vanish.
+
+    Pieces of an algorithm that run concurrently (the two trees of the
+    double binary tree) add their work to the same slots.  Sequential
+    pieces take slots one after the other (``self.now``).
+    """
+
+    def __init__(self, rank: int, size: int):
+        self.rank, self.size = rank, size
+        self.slots: dict[int, Step] = {}
+        self.scratch = 0
+        self.now = 0
+
+    def _slot(self, t: int) -> Step:
+        return self.slots.setdefault(t, Step())
+
+    def send(self, t: int, peer: int, region: Region) -> None:
+        if region.count and peer != self.rank:
+            self._slot(t).transfers.append(Send(peer, region))
+
+    def recv(self, t: int, peer: int, region: Region) -> None:
+        if region.count and peer != self.rank:
+            self._slot(t).transfers.append(Recv(peer, region))
+
+    def reduce(self, t: int, dst: Region, src: Region) -> None:
+        if dst.count:
+            self._slot(t).ops.append(Reduce(dst, src))
+
+    def copy(self, t: int, dst: Region, src: Region) -> None:
+        if dst.count and dst != src:
+            self._slot(t).ops.append(Copy(dst, src))
+
+    def need_scratch(self, count: int) -> None:
+        self.scratch = max(self.scratch, count)
+
+    def schedule(self, input_count: int, output_count: int) -> Schedule:
+        steps = [self.slots[t] for t in sorted(self.slots)
+                 if self.slots[t].transfers or self.slots[t].ops]
+        return Schedule(self.rank, self.size, input_count, output_count,
+                        self.scratch, steps)
+
+
+def chunk_bounds(count: int, parts: int) -> list[int]:
+    """Split ``count`` elements into ``parts`` near-equal chunks; return ``parts+1`` offsets."""
+    return [i * count // parts for i in range(parts + 1)]
