@@ -1,0 +1,277 @@
+"""Building blocks shared by the algorithms: each adds its steps to a Timeline.
+
+Every piece takes the slot to start at and returns the first free slot after
+it, so pieces compose in sequence; tree pieces use absolute slots so that two
+trees can share the same slots.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ..schedule import INPUT, OUTPUT, SCRATCH, Region, Timeline, chunk_bounds
+
+__all__ = [
+    "segments", "gather_reduce", "scatter_results",
+    "ring_reduce_scatter", "ring_allgather",
+    "Tree", "binary_tree", "tree_reduce", "tree_bcast",
+    "fold", "unfold",
+]
+
+
+def segments(region: Region, seg: int, nseg: int) -> list[Region]:
+    """Cut ``region`` into ``nseg`` pieces of ``seg`` elements (trailing ones may be empty)."""
+    out = []
+    for j in range(nseg):
+        lo = min(j * seg, region.count)
+        hi = min(lo + seg, region.count)
+        out.append(region.sub(lo, hi - lo))
+    return out
+
+
+# --- direct (naive, single master, parameter server) --------------------------
+
+def gather_reduce(tl: Timeline, t: int, targets) -> int:
+    """Every rank sends ``input[a:b]`` to each target; a target reduces all p in rank order.
+
+    ``targets`` is a list of ``(target_rank, a, b)``.  The target's result goes
+    to ``output[a:b]``.  Own data is staged through scratch when the target is
+    not rank 0, so that an in-place call never overwrites it before use.
+    """
+    me, p = tl.rank, tl.size
+    for target, a, b in targets:
+        n = b - a
+        if target != me:
+            tl.send(t, target, Region(INPUT, a, n))
+            continue
+        slot = [Region(SCRATCH, q * n, n) for q in range(p)]
+        tl.need_scratch(p * n)
+        for q in range(p):
+            tl.recv(t, q, slot[q])
+        parts = [Region(INPUT, a, n) if q == me == 0 else slot[q] for q in range(p)]
+        if me != 0:
+            tl.copy(t, slot[me], Region(INPUT, a, n))
+        out = Region(OUTPUT, a, n)
+        tl.copy(t, out, parts[0])
+        for q in range(1, p):
+            tl.reduce(t, out, parts[q])
+    return t + 1
+
+
+def scatter_results(tl: Timeline, t: int, targets) -> int:
+    """Each target sends its ``output[a:b]`` to every other rank."""
+    me, p = tl.rank, tl.size
+    for target, a, b in targets:
+        region = Region(OUTPUT, a, b - a)
+        if target == me:
+            for q in range(p):
+                tl.send(t, q, region)
+        else:
+            tl.recv(t, target, region)
+    return t + 1
+
+
+# --- ring -------------------------------------------------------------------
+
+def ring_reduce_scatter(tl: Timeline, t: int, bounds, seg: int | None = None,
+                        dst_offset: int = None) -> int:
+    """Reduce-scatter of ``input`` around the ring; rank r ends with block r.
+
+    ``bounds`` are the p+1 block offsets into ``input``.  Block r's result is
+    written to ``output`` at ``dst_offset`` (default: the block's own offset).
+    Partial sums travel through two alternating scratch slots; with ``seg``
+    each ring step is cut into segments of at most ``seg`` elements.
+    """
+    me, p = tl.rank, tl.size
+    right, left = (me + 1) % p, (me - 1) % p
+    block = [Region(INPUT, bounds[i], bounds[i + 1] - bounds[i]) for i in range(p)]
+    width = max(b.count for b in block)
+    dst = Region(OUTPUT, block[me].offset if dst_offset is None else dst_offset, block[me].count)
+    if p == 1:
+        tl.copy(t, dst, block[0])
+        return t + 1
+    slots = [Region(SCRATCH, 0, width), Region(SCRATCH, width, width)]
+    tl.need_scratch(2 * width)
+    seg = seg or max(width, 1)
+    nseg = max(1, -(-width // seg))
+    for k in range(p - 1):
+        send_i, recv_i = (me - k - 1) % p, (me - k - 2) % p
+        outgoing = block[send_i] if k == 0 else slots[(k - 1) % 2].sub(0, block[send_i].count)
+        incoming = slots[k % 2].sub(0, block[recv_i].count)
+        for so, ri, own in zip(segments(outgoing, seg, nseg), segments(incoming, seg, nseg),
+                               segments(block[recv_i], seg, nseg)):
+            tl.send(t, right, so)
+            tl.recv(t, left, ri)
+            tl.reduce(t, ri, own)
+            t += 1
+    last = slots[(p - 2) % 2].sub(0, block[me].count)
+    tl.copy(t - 1, dst, last)
+    return t
+
+
+def ring_allgather(tl: Timeline, t: int, bounds, seg: int | None = None) -> int:
+    """All-gather of ``output`` blocks around the ring; rank r starts with block r."""
+    me, p = tl.rank, tl.size
+    right, left = (me + 1) % p, (me - 1) % p
+    block = [Region(OUTPUT, bounds[i], bounds[i + 1] - bounds[i]) for i in range(p)]
+    width = max(b.count for b in block)
+    seg = seg or max(width, 1)
+    nseg = max(1, -(-width // seg))
+    for k in range(p - 1):
+        for so, ri in zip(segments(block[(me - k) % p], seg, nseg),
+                          segments(block[(me - k - 1) % p], seg, nseg)):
+            tl.send(t, right, so)
+            tl.recv(t, left, ri)
+            t += 1
+    return t
+
+
+# --- trees ------------------------------------------------------------------
+
+class Tree:
+    """A rooted tree over ranks: parent, children, subtree height and depth."""
+
+    def __init__(self, parent: list):
+        p = len(parent)
+        self.parent = parent
+        self.children = [[] for _ in range(p)]
+        for r, up in enumerate(parent):
+            if up is not None:
+                self.children[up].append(r)
+        self.root = parent.index(None)
+        self.depth = [0] * p
+        order = [self.root]
+        for r in order:
+            for c in self.children[r]:
+                self.depth[c] = self.depth[r] + 1
+                order.append(c)
+        self.height = [0] * p
+        for r in reversed(order):
+            if self.children[r]:
+                self.height[r] = 1 + max(self.height[c] for c in self.children[r])
+
+    def interior(self) -> set:
+        return {r for r in range(len(self.parent)) if self.children[r]}
+
+
+@lru_cache(maxsize=64)
+def _inorder_parents(p: int) -> tuple:
+    """Parents of the in-order binary tree on 0..p-1 with root 0 (odd ranks are leaves)."""
+    parent = [None] * p
+    for r in range(1, p):
+        low = r & -r
+        up = (r - low) | (low << 1)
+        parent[r] = up if up < p else r - low
+    return tuple(parent)
+
+
+@lru_cache(maxsize=64)
+def binary_tree(p: int, flavour: int = 0, root: int = 0) -> Tree:
+    """Binary tree on p ranks.
+
+    ``flavour=0`` is the in-order tree rooted at ``root`` (ranks relabelled
+    by ``(r - root) % p``).  ``flavour=1`` is its complement for the double
+    binary tree: mirrored (``p-1-r``) for even p, shifted by one for odd p, so
+    that the leaves of one tree are the interior ranks of the other.
+    """
+    base = _inorder_parents(p)
+    if flavour == 0:
+        to_tree = lambda r: (r - root) % p
+        from_tree = lambda v: (v + root) % p
+    elif p % 2 == 0:
+        to_tree = from_tree = lambda r: p - 1 - r
+    else:
+        to_tree = lambda r: (r - 1) % p
+        from_tree = lambda v: (v + 1) % p
+    parent = [None] * p
+    for r in range(p):
+        up = base[to_tree(r)]
+        parent[r] = None if up is None else from_tree(up)
+    return Tree(parent)
+
+
+def _chunks(region: Region, chunk: int) -> list[Region]:
+    n = max(1, -(-region.count // chunk)) if chunk else 1
+    return segments(region, -(-region.count // n) if region.count else 0, n)
+
+
+def tree_reduce(tl: Timeline, t0: int, tree: Tree, acc: Region, chunk: int,
+                scratch_at: int) -> int:
+    """Pipelined reduce of ``acc`` up ``tree``; the root's ``acc`` ends with the result.
+
+    Chunk c leaves a rank of height h at slot ``t0 + c + h``, so every pair of
+    ranks posts its matching transfers in the same slot.  Each child's
+    partial lands in its own scratch slot at ``scratch_at``.  Returns the slot
+    at which the root may start broadcasting chunk 0.
+    """
+    me = tl.rank
+    pieces = _chunks(acc, chunk)
+    width = max(c.count for c in pieces)
+    kids = tree.children[me]
+    tl.need_scratch(scratch_at + len(kids) * width)
+    for c, piece in enumerate(pieces):
+        for i, kid in enumerate(kids):
+            t = t0 + c + tree.height[kid]
+            landing = Region(SCRATCH, scratch_at + i * width, piece.count)
+            tl.recv(t, kid, landing)
+            tl.reduce(t, piece, landing)
+        if tree.parent[me] is not None:
+            tl.send(t0 + c + tree.height[me], tree.parent[me], piece)
+    return t0 + tree.height[tree.root]
+
+
+def tree_bcast(tl: Timeline, t0: int, tree: Tree, buf: Region, chunk: int) -> int:
+    """Pipelined broadcast of the root's ``buf`` down ``tree``; returns the first free slot."""
+    me = tl.rank
+    pieces = _chunks(buf, chunk)
+    d = tree.depth[me]
+    for c, piece in enumerate(pieces):
+        if tree.parent[me] is not None:
+            tl.recv(t0 + c + d - 1, tree.parent[me], piece)
+        for kid in tree.children[me]:
+            tl.send(t0 + c + d, kid, piece)
+    return t0 + len(pieces) + max(tree.depth)
+
+
+# --- fold for non-power-of-two p (recursive doubling / halving) ---------------
+
+def fold(tl: Timeline, t: int, n: int) -> tuple[int | None, int, int]:
+    """Fold p ranks onto the largest power of two p2 <= p.
+
+    The first ``2*(p-p2)`` ranks pair up: even ranks send their vector to the
+    odd neighbour and sit out.  Returns ``(new_rank or None, p2, next slot)``;
+    ``output`` then holds this rank's (possibly folded) contribution.
+    """
+    me, p = tl.rank, tl.size
+    p2 = 1 << (p.bit_length() - 1)
+    extra = p - p2
+    whole = Region(OUTPUT, 0, n)
+    if me < 2 * extra and me % 2 == 0:
+        tl.send(t, me + 1, Region(INPUT, 0, n))
+        return None, p2, t + 1
+    tl.copy(t, whole, Region(INPUT, 0, n))
+    if me < 2 * extra:
+        tl.need_scratch(n)
+        tl.recv(t, me - 1, Region(SCRATCH, 0, n))
+        tl.reduce(t, whole, Region(SCRATCH, 0, n))
+        return me // 2, p2, t + 1
+    return me - extra, p2, t + 1
+
+
+def real_rank(new_rank: int, p: int) -> int:
+    """Map a rank of the folded power-of-two group back to its communicator rank."""
+    extra = p - (1 << (p.bit_length() - 1))
+    return 2 * new_rank + 1 if new_rank < extra else new_rank + extra
+
+
+def unfold(tl: Timeline, t: int, n: int) -> int:
+    """Send the result back to the ranks that sat out the fold."""
+    me, p = tl.rank, tl.size
+    extra = p - (1 << (p.bit_length() - 1))
+    whole = Region(OUTPUT, 0, n)
+    if me < 2 * extra:
+        if me % 2 == 0:
+            tl.recv(t, me + 1, whole)
+        else:
+            tl.send(t, me - 1, whole)
+    return t + 1

@@ -1,0 +1,42 @@
+"""Double binary tree all-reduce (as in NCCL): two complementary trees, half the vector each."""
+
+from ..schedule import INPUT, OUTPUT, Region, Timeline
+from ._common import elements, log2ceil
+from ._pieces import binary_tree, tree_bcast, tree_reduce
+from ._registry import register
+
+__all__ = ["build", "cost", "DEFAULT_CHUNK_BYTES"]
+
+DEFAULT_CHUNK_BYTES = 1 << 20
+
+
+def build(rank, size, count, itemsize, chunk_bytes=DEFAULT_CHUNK_BYTES):
+    """Two binary trees whose leaves are each other's interior ranks.
+
+    Each tree reduces, then broadcasts, one half of the vector, pipelined in
+    chunks of ``chunk_bytes``: about 2(log2 p + chunks) steps.
+    """
+    chunk = elements(chunk_bytes, itemsize)
+    tl = Timeline(rank, size)
+    tl.copy(0, Region(OUTPUT, 0, count), Region(INPUT, 0, count))
+    half = count // 2
+    halves = [Region(OUTPUT, 0, half), Region(OUTPUT, half, count - half)]
+    width = min(chunk, count - half) if count else 0
+    for flavour, part in enumerate(halves):
+        tree = binary_tree(size, flavour)
+        t = tree_reduce(tl, 1, tree, part, chunk, scratch_at=2 * width * flavour)
+        tree_bcast(tl, t, tree, part, chunk)
+    return tl.schedule(count, count)
+
+
+def cost(p, nbytes, alpha, beta, gamma, chunk_bytes=DEFAULT_CHUNK_BYTES):
+    if p == 1:
+        return 0.0
+    chunks = max(1, -(-nbytes // 2 // chunk_bytes))
+    piece = nbytes / 2 / chunks
+    steps = log2ceil(p) + chunks - 1
+    return 2 * steps * (alpha + 2 * piece * beta) + steps * 2 * piece * gamma
+
+
+register("double_binary_tree", "allreduce", build, cost,
+         {"chunk_bytes": DEFAULT_CHUNK_BYTES}, aliases=("dbt", "tree"))

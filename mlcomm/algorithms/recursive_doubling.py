@@ -1,0 +1,44 @@
+"""Recursive doubling all-reduce: latency-optimal, log2 p rounds of whole-vector exchange."""
+
+from ..schedule import OUTPUT, SCRATCH, Region, Timeline
+from ._pieces import fold, real_rank, unfold
+from ._registry import register
+
+__all__ = ["build", "cost", "fold_cost"]
+
+
+def build(rank, size, count, itemsize):
+    """log2 p rounds; in round k each rank swaps its whole vector with rank XOR 2^k and reduces.
+
+    For p not a power of two, the first 2(p-p2) ranks fold pairwise first and
+    get the result back at the end (two more rounds).
+    """
+    tl = Timeline(rank, size)
+    new, p2, t = fold(tl, 0, count)
+    if new is not None:
+        whole, landing = Region(OUTPUT, 0, count), Region(SCRATCH, 0, count)
+        tl.need_scratch(count)
+        mask = 1
+        while mask < p2:
+            peer = real_rank(new ^ mask, size)
+            tl.send(t, peer, whole)
+            tl.recv(t, peer, landing)
+            tl.reduce(t, whole, landing)
+            mask, t = mask << 1, t + 1
+    unfold(tl, t, count)
+    return tl.schedule(count, count)
+
+
+def fold_cost(p, nbytes, alpha, beta, gamma):
+    """The extra time of the fold and unfold rounds when p is not a power of two."""
+    if p & (p - 1) == 0:
+        return 0.0
+    return 2 * (alpha + nbytes * beta) + nbytes * gamma
+
+
+def cost(p, nbytes, alpha, beta, gamma):
+    rounds = (p.bit_length() - 1)
+    return rounds * (alpha + nbytes * beta + nbytes * gamma) + fold_cost(p, nbytes, alpha, beta, gamma)
+
+
+register("recursive_doubling", "allreduce", build, cost, aliases=("rd",))

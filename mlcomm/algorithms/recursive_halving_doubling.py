@@ -1,0 +1,57 @@
+"""Rabenseifner's all-reduce: recursive-halving reduce-scatter, recursive-doubling all-gather."""
+
+from ..schedule import OUTPUT, SCRATCH, Region, Timeline, chunk_bounds
+from ._pieces import fold, real_rank, unfold
+from ._registry import register
+from .recursive_doubling import fold_cost
+
+__all__ = ["build", "cost"]
+
+
+def build(rank, size, count, itemsize):
+    """Bandwidth-optimal: 2 log2 p rounds, 2(p-1)/p * n bytes per rank.
+
+    Halving: each round a rank keeps half its window, sends the other half to
+    its partner and reduces what it receives.  Doubling: the windows are
+    swapped back, doubling each round.  A fold handles p not a power of two.
+    """
+    tl = Timeline(rank, size)
+    new, p2, t = fold(tl, 0, count)
+    if new is not None:
+        bounds = chunk_bounds(count, p2)
+        span = lambda lo, hi: Region(OUTPUT, bounds[lo], bounds[hi] - bounds[lo])
+        tl.need_scratch(count - bounds[p2 // 2] if p2 > 1 else 0)
+        lo, hi, mask = 0, p2, p2 >> 1
+        while mask:
+            peer = real_rank(new ^ mask, size)
+            mid = (lo + hi) // 2
+            keep, give = ((mid, hi), (lo, mid)) if new & mask else ((lo, mid), (mid, hi))
+            kept = span(*keep)
+            landing = Region(SCRATCH, 0, kept.count)
+            tl.send(t, peer, span(*give))
+            tl.recv(t, peer, landing)
+            tl.reduce(t, kept, landing)
+            lo, hi = keep
+            mask, t = mask >> 1, t + 1
+        mask = 1
+        while mask < p2:
+            peer_new = new ^ mask
+            mine = (new // mask) * mask
+            theirs = (peer_new // mask) * mask
+            peer = real_rank(peer_new, size)
+            tl.send(t, peer, span(mine, mine + mask))
+            tl.recv(t, peer, span(theirs, theirs + mask))
+            mask, t = mask << 1, t + 1
+    unfold(tl, t, count)
+    return tl.schedule(count, count)
+
+
+def cost(p, nbytes, alpha, beta, gamma):
+    p2 = 1 << (p.bit_length() - 1)
+    rounds = p2.bit_length() - 1
+    moved = (p2 - 1) / p2 * nbytes
+    return (2 * rounds * alpha + 2 * moved * beta + moved * gamma
+            + fold_cost(p, nbytes, alpha, beta, gamma))
+
+
+register("recursive_halving_doubling", "allreduce", build, cost, aliases=("rhd", "rabenseifner"))
