@@ -1,0 +1,472 @@
+"""All-reduce benchmark harness: size sweep, warm-up, timed loop, check.
+
+In the style of nccl-tests and OSU: for each message size, each placement
+(in/out of place) and each algorithm (``mpi`` first, the MPI library's own
+``MPI_Allreduce``), run ``warmup`` untimed calls, a barrier, then ``iters``
+timed calls on preallocated buffers.  Each rank times its own loop; the
+per-call times are reduced to min/avg/max over ranks.  With ``check`` one
+extra untimed call on freshly initialised data is compared with the
+baseline and its wrong elements are counted over all ranks.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import resource
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = [
+    "RECORD_KEYS", "EXTRA_KEYS", "BenchConfig",
+    "parse_size", "format_size", "size_list", "parse_dtype", "default_iters",
+    "resolve_algorithms", "run_bench", "peak_rss_mib",
+]
+
+#: The keys every JSON record carries (issue 4), in column order.
+RECORD_KEYS = ("algorithm", "ranks", "bytes", "count", "dtype", "op", "in_place",
+               "time_us_avg", "time_us_min", "time_us_max", "algbw_gbps", "busbw_gbps",
+               "ratio_to_mpi", "wrong")
+#: Extra keys: timed iterations, device, and peak resident memory (max over ranks).
+EXTRA_KEYS = ("iters", "device", "peak_rss_mib")
+
+BASELINE = "mpi"
+OPS = ("sum", "prod", "min", "max", "avg", "band", "bor", "bxor", "land", "lor")
+_MPI_OPS = {"sum": "SUM", "prod": "PROD", "min": "MIN", "max": "MAX", "avg": "SUM",
+            "band": "BAND", "bor": "BOR", "bxor": "BXOR", "land": "LAND", "lor": "LOR"}
+_RTOL = {2: 2e-2, 4: 1e-5, 8: 1e-12}   # float tolerance by itemsize
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text) -> int:
+    """Parse a byte count written as ``8``, ``64K``, ``16M``, ``1G`` or ``4KiB``."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise ValueError(f"not a size: {text!r} (write e.g. 8, 64K, 16M)")
+    return int(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+def format_size(nbytes: int) -> str:
+    """Write a byte count the short way: ``8``, ``64K``, ``16M``."""
+    for unit in ("T", "G", "M", "K"):
+        if nbytes and nbytes % _UNITS[unit] == 0:
+            return f"{nbytes // _UNITS[unit]}{unit}"
+    return str(nbytes)
+
+
+def parse_dtype(name) -> np.dtype:
+    """Return the NumPy dtype called ``name`` (``bfloat16`` via ml_dtypes)."""
+    if str(name) == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def size_list(min_bytes: int, max_bytes: int, factor: float, itemsize: int) -> list[int]:
+    """Return the swept message sizes in bytes, whole elements, no repeats."""
+    if min_bytes < 0 or max_bytes < min_bytes:
+        raise ValueError(f"bad size range {min_bytes}..{max_bytes}")
+    if factor <= 1:
+        raise ValueError("--factor must be > 1")
+    sizes, n = [], min_bytes
+    if n == 0:
+        sizes.append(0)
+        n = itemsize
+    while n <= max_bytes:
+        b = max(itemsize, n // itemsize * itemsize)
+        if b <= max_bytes and (not sizes or b > sizes[-1]):
+            sizes.append(b)
+        n = max(n + 1, int(n * factor))
+    return sizes
+
+
+def default_iters(nbytes: int, quick: bool = False) -> tuple[int, int]:
+    """Return ``(iters, warmup)`` for one size: many for small messages, few for large."""
+    cap, budget, floor = (40, 8 << 20, 3) if quick else (200, 64 << 20, 5)
+    iters = max(floor, min(cap, budget // max(nbytes, 1)))
+    return iters, max(1 if quick else 2, iters // 10)
+
+
+def peak_rss_mib() -> float:
+    """Return this process's peak resident set size in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def resolve_algorithms(spec) -> list[str]:
+    """Return the algorithm names to run: ``mpi`` first, then ``spec`` (``all`` or ``A,B``)."""
+    from mlcomm.algorithms import ALGORITHMS
+    known = [n for n, a in ALGORITHMS.items()
+             if getattr(a, "collective", "allreduce") == "allreduce"]
+    if spec in (None, "", "all"):
+        names = [n for n in known if n != BASELINE]
+    else:
+        names = [s.strip() for s in str(spec).split(",") if s.strip()]
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise ValueError(f"unknown algorithm(s) {', '.join(unknown)}; "
+                             f"known: {', '.join(known)}")
+    return [BASELINE] + [n for n in dict.fromkeys(names) if n != BASELINE]
+
+
+@dataclass
+class BenchConfig:
+    """What one ``mlcomm bench`` run sweeps."""
+
+    algorithms: list[str]
+    sizes: list[int]
+    dtype: np.dtype = field(default_factory=lambda: np.dtype("float32"))
+    op: str = "sum"
+    placements: tuple[bool, ...] = (False,)          # in_place values to run
+    iters: int | None = None                         # None: default_iters(size)
+    warmup: int | None = None
+    quick: bool = False
+    check: bool = False
+    device: str = "cpu"
+    progress: bool = True
+    corrupt: str | None = None                       # test hook, see _corrupt_target
+
+
+# --------------------------------------------------------------------------- data
+
+def _fill(out, rank: int, size: int, op: str, offset: int = 0):
+    """Fill host array ``out`` with rank-dependent check data that reduces exactly."""
+    n = out.size
+    i = np.arange(offset, offset + n, dtype=np.int64)
+    kind = out.dtype.kind
+    if op in ("land", "lor"):
+        v = ((i + rank) % (size + 1)) != 0
+    elif op in ("band", "bor", "bxor"):
+        v = (i * 2654435761 + (rank + 1) * 40503) & 0x7F
+    elif op in ("min", "max"):
+        v = (i * 7 + rank * 13) % 97 - (0 if kind in "ub" else 48)
+    elif op == "prod":
+        v = 1 - 2 * ((i + rank) % 2) if kind not in "ub" else 1 + (i + rank) % 2
+    else:   # sum, avg: small integers, exact in every float type at moderate p
+        v = (i * 7 + rank * 3) % 5 - (0 if kind in "ub" else 2)
+    out[...] = v.astype(out.dtype) if kind != "b" else v.astype(bool)
+    return out
+
+
+def _reference(dtype, count, size, op):
+    """Compute the all-reduce result of every rank's :func:`_fill` data locally."""
+    acc = None
+    for r in range(size):
+        x = _fill(np.empty(count, dtype), r, size, op)
+        x = x.astype(np.float64) if dtype.kind == "f" or op == "avg" else x
+        if acc is None:
+            acc = x.copy()
+        elif op in ("sum", "avg"):
+            acc += x
+        elif op == "prod":
+            acc *= x
+        elif op == "min":
+            np.minimum(acc, x, out=acc)
+        elif op == "max":
+            np.maximum(acc, x, out=acc)
+        elif op == "band":
+            acc &= x
+        elif op == "bor":
+            acc |= x
+        elif op == "bxor":
+            acc ^= x
+        elif op == "land":
+            acc = np.logical_and(acc, x)
+        elif op == "lor":
+            acc = np.logical_or(acc, x)
+    if op == "avg":
+        acc = acc / size
+    return acc
+
+
+def _count_wrong(result, ref, dtype, op) -> int:
+    """Count the elements of ``result`` that differ from ``ref``."""
+    if dtype.kind == "f" or op == "avg":
+        r = np.asarray(result).astype(np.float64)
+        e = np.asarray(ref).astype(np.float64)
+        rtol = _RTOL.get(dtype.itemsize, 1e-5) if dtype.kind == "f" else 0.0
+        atol = rtol if dtype.kind == "f" else 1.0      # integer avg may round
+        ok = np.isclose(r, e, rtol=rtol, atol=atol, equal_nan=True)
+        return int(ok.size - np.count_nonzero(ok))
+    if op in ("land", "lor"):
+        return int(np.count_nonzero(np.asarray(result).astype(bool) != np.asarray(ref).astype(bool)))
+    return int(np.count_nonzero(np.asarray(result) != np.asarray(ref)))
+
+
+def _corrupt(result_host):
+    """Flip element 0 of ``result_host`` so that any check must see it."""
+    if result_host.size == 0:
+        return
+    x = result_host[:1]
+    if x.dtype.kind == "b":
+        x[...] = ~x
+    elif x.dtype.kind in "iu":
+        x ^= 1
+    else:
+        x[...] = (np.abs(x.astype(np.float64)) + 1) * 3
+
+
+# --------------------------------------------------------------------------- device
+
+class _Host:
+    """Host (NumPy) buffers."""
+
+    name = "cpu"
+
+    def empty(self, n, dtype):
+        return np.empty(n, dtype)
+
+    def to_host(self, a):
+        return a
+
+    def upload(self, dst, host):
+        dst[...] = host
+
+    def sync(self):
+        pass
+
+
+class _Cuda:
+    """CuPy device buffers; rank r uses GPU (local rank mod visible GPUs)."""
+
+    name = "cuda"
+
+    def __init__(self, comm):
+        try:
+            import cupy
+            ngpu = cupy.cuda.runtime.getDeviceCount()
+        except Exception as exc:  # ImportError, CUDARuntimeError, ...
+            raise SystemExit(f"mlcomm bench --device cuda needs CuPy and a CUDA GPU "
+                             f"(pip install 'mlcomm[cupy]'): {exc}") from None
+        if ngpu < 1:
+            raise SystemExit("mlcomm bench --device cuda: no CUDA device is visible")
+        from mpi4py import MPI
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        cupy.cuda.Device(local.Get_rank() % ngpu).use()
+        local.Free()
+        self.cp = cupy
+        self.aware = os.environ.get("MLCOMM_CUDA_AWARE", "") == "1"
+
+    def empty(self, n, dtype):
+        return self.cp.empty(n, dtype)
+
+    def to_host(self, a):
+        return self.cp.asnumpy(a)
+
+    def upload(self, dst, host):
+        dst.set(np.ascontiguousarray(host))
+
+    def sync(self):
+        self.cp.cuda.get_current_stream().synchronize()
+
+
+# --------------------------------------------------------------------------- baseline
+
+def _mpi_plan(dtype, op):
+    """Return ``(dtype, MPI.Op, exact)`` for the ``mpi`` baseline.
+
+    When MPI cannot compute this dtype/op itself (float16, bfloat16, avg),
+    the baseline times ``MPI_Allreduce`` on the same bytes viewed as an
+    unsigned type of the same width (``exact`` False): a timing reference
+    whose result is not used; the check then uses a locally computed result.
+    """
+    from mpi4py import MPI
+    mop = getattr(MPI, _MPI_OPS[op])
+    native = dtype.kind in "iu" or (dtype.kind == "f" and dtype.itemsize >= 4) or dtype.kind == "b"
+    if dtype.kind == "f" and op in ("band", "bor", "bxor"):
+        native = False
+    if native:
+        return dtype, mop, op != "avg"
+    return np.dtype(f"u{dtype.itemsize}"), mop, False
+
+
+def _view(a, dtype):
+    """View a host or device array's bytes as ``dtype`` (same itemsize or total bytes)."""
+    return a.view(dtype) if a.dtype != dtype and a.nbytes % dtype.itemsize == 0 else a
+
+
+# --------------------------------------------------------------------------- runner
+
+def _corrupt_target(spec, algorithms):
+    """Return the algorithm whose result the MLCOMM_BENCH_CORRUPT hook flips."""
+    if not spec:
+        return None
+    if spec in algorithms:
+        return spec
+    others = [a for a in algorithms if a != BASELINE]
+    return others[0] if others else None
+
+
+def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
+    """Run the sweep of ``cfg`` on ``comm``; return the records (same on every rank)."""
+    from mpi4py import MPI
+    import mlcomm
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    rank, size = comm.Get_rank(), comm.Get_size()
+    dev = _Cuda(comm) if cfg.device == "cuda" else _Host()
+    dtype, op = cfg.dtype, cfg.op
+    check_op = getattr(getattr(mlcomm, "kernels", None), "check_op", None)
+    if check_op is not None:
+        check_op(dtype, op)
+    mdtype, mop, exact = _mpi_plan(dtype, op)
+    staged = dev.name == "cuda" and not dev.aware
+    corrupt_alg = _corrupt_target(cfg.corrupt, cfg.algorithms)
+    allreduce = getattr(mlcomm, "allreduce", None)
+    if allreduce is None and any(a != BASELINE for a in cfg.algorithms):
+        raise RuntimeError("mlcomm.allreduce is not available in this install")
+    in_place_flag = MPI.IN_PLACE
+
+    bar = None
+    total = len(cfg.sizes) * len(cfg.placements) * len(cfg.algorithms)
+    if rank == 0 and cfg.progress:
+        from tqdm import tqdm
+        bar = tqdm(total=total, unit="run", desc=f"bench P={size}", leave=False, dynamic_ncols=True)
+
+    records = []
+    for nbytes in cfg.sizes:
+        count = nbytes // dtype.itemsize
+        iters, warmup = default_iters(nbytes, cfg.quick)
+        iters = cfg.iters if cfg.iters is not None else iters
+        warmup = cfg.warmup if cfg.warmup is not None else warmup
+        send = dev.empty(count, dtype)
+        recv = dev.empty(count, dtype)
+        host_data = _fill(np.empty(count, dtype), rank, size, op)
+        dev.upload(send, host_data)
+        if staged:
+            hs, hr = np.empty(count, dtype), np.empty(count, dtype)
+        ref = None
+        for in_place in cfg.placements:
+            times = {}
+            for alg in cfg.algorithms:
+                if bar is not None:
+                    bar.set_postfix_str(f"{format_size(nbytes)} {'in' if in_place else 'out'} {alg}")
+                # -- the call being timed, bound once
+                if alg == BASELINE:
+                    if staged:
+                        def call(_s=send, _r=recv, _ip=in_place):
+                            src = _r if _ip else _s
+                            hs[...] = dev.to_host(src)
+                            if _ip:
+                                comm.Allreduce(in_place_flag, _view(hs, mdtype), mop)
+                                _r.set(hs)
+                            else:
+                                comm.Allreduce(_view(hs, mdtype), _view(hr, mdtype), mop)
+                                _r.set(hr)
+                    elif in_place:
+                        rb = _view(recv, mdtype)
+                        Allreduce = comm.Allreduce
+
+                        def call(_rb=rb, _A=Allreduce):
+                            _A(in_place_flag, _rb, mop)
+                    else:
+                        sb, rb = _view(send, mdtype), _view(recv, mdtype)
+                        Allreduce = comm.Allreduce
+
+                        def call(_sb=sb, _rb=rb, _A=Allreduce):
+                            _A(_sb, _rb, mop)
+                elif in_place:
+                    def call(_rb=recv, _alg=alg):
+                        allreduce(in_place_flag, _rb, op, comm=comm, algorithm=_alg)
+                else:
+                    def call(_sb=send, _rb=recv, _alg=alg):
+                        allreduce(_sb, _rb, op, comm=comm, algorithm=_alg)
+
+                # -- check: one untimed call on fresh data
+                wrong = None
+                if cfg.check:
+                    if in_place:
+                        dev.upload(recv, host_data)
+                    else:
+                        dev.upload(send, host_data)
+                    call()
+                    dev.sync()
+                    if alg == BASELINE:
+                        if exact:
+                            ref = dev.to_host(recv).copy()
+                        elif ref is None:
+                            ref = _reference(dtype, count, size, op)
+                    elif ref is None:
+                        ref = _reference(dtype, count, size, op)
+                    if alg == BASELINE and not exact:
+                        local_wrong = 0          # a timing proxy: nothing to check
+                    else:
+                        res = np.array(dev.to_host(recv), copy=True)
+                        if alg == corrupt_alg and rank == size - 1:
+                            _corrupt(res)
+                        local_wrong = _count_wrong(res, ref, dtype, op)
+                    wrong = comm.allreduce(local_wrong, op=MPI.SUM)
+                    if alg == BASELINE and not exact:
+                        wrong = None
+                if in_place:
+                    dev.upload(recv, host_data)
+
+                # -- warm-up, barrier, timed loop
+                for _ in range(warmup):
+                    call()
+                dev.sync()
+                comm.Barrier()
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    call()
+                dev.sync()
+                t = (time.perf_counter() - t0) / max(iters, 1)
+                tmin = comm.allreduce(t, op=MPI.MIN)
+                tmax = comm.allreduce(t, op=MPI.MAX)
+                tavg = comm.allreduce(t, op=MPI.SUM) / size
+                rss = comm.allreduce(peak_rss_mib(), op=MPI.MAX)
+                times[alg] = tavg
+                algbw = nbytes / tavg / 1e9 if tavg > 0 else 0.0
+                rec = {
+                    "algorithm": alg, "ranks": size, "bytes": nbytes, "count": count,
+                    "dtype": str(dtype), "op": op, "in_place": bool(in_place),
+                    "time_us_avg": tavg * 1e6, "time_us_min": tmin * 1e6,
+                    "time_us_max": tmax * 1e6, "algbw_gbps": algbw,
+                    "busbw_gbps": algbw * 2 * (size - 1) / size,
+                    "ratio_to_mpi": None, "wrong": wrong,
+                    "iters": iters, "device": dev.name, "peak_rss_mib": round(rss, 1),
+                }
+                records.append(rec)
+                if bar is not None:
+                    bar.update(1)
+            base = times.get(BASELINE)
+            for rec in records[-len(times):]:
+                if base and base > 0:
+                    rec["ratio_to_mpi"] = rec["time_us_avg"] / (base * 1e6)
+        del send, recv
+    if bar is not None:
+        bar.close()
+    return records
+
+
+def band_summary(records) -> list[dict]:
+    """Per size band (<=1 KiB, <=1 MiB, larger) and placement: the best mlcomm algorithm.
+
+    The best is the algorithm (not ``mpi``, not ``auto``) with the smallest
+    geometric-mean time ratio to ``mpi`` over the band's sizes; ``auto``'s
+    ratio is given beside it.
+    """
+    bands = (("<=1 KiB", 0, 1 << 10), ("<=1 MiB", (1 << 10) + 1, 1 << 20),
+             (">1 MiB", (1 << 20) + 1, math.inf))
+    out = []
+    placements = sorted({r["in_place"] for r in records})
+    for in_place in placements:
+        for label, lo, hi in bands:
+            rows = [r for r in records if r["in_place"] == in_place and lo <= r["bytes"] <= hi
+                    and r["ratio_to_mpi"] and r["algorithm"] != BASELINE]
+            if not rows:
+                continue
+            by_alg = {}
+            for r in rows:
+                by_alg.setdefault(r["algorithm"], []).append(r["ratio_to_mpi"])
+            geo = {a: math.exp(sum(map(math.log, v)) / len(v)) for a, v in by_alg.items()}
+            cands = {a: g for a, g in geo.items() if a != "auto"} or geo
+            best = min(cands, key=cands.get)
+            nsizes = len({r["bytes"] for r in rows})
+            out.append({"band": label, "in_place": in_place, "best": best,
+                        "ratio": cands[best], "auto": geo.get("auto"), "sizes": nsizes})
+    return out

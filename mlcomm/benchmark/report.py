@@ -1,0 +1,113 @@
+"""Write benchmark records as a table, CSV or JSON."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+from .harness import EXTRA_KEYS, RECORD_KEYS, band_summary, format_size
+
+__all__ = ["format_table", "format_csv", "format_json", "format_summary", "render",
+           "format_kernels"]
+
+_COLUMNS = (  # header, width, record key, format
+    ("size(B)", 11, "bytes", "d"),
+    ("count", 10, "count", "d"),
+    ("place", 5, "in_place", None),
+    ("algorithm", 27, "algorithm", "s"),
+    ("avg(us)", 11, "time_us_avg", ".2f"),
+    ("min(us)", 11, "time_us_min", ".2f"),
+    ("max(us)", 11, "time_us_max", ".2f"),
+    ("algbw(GB/s)", 11, "algbw_gbps", ".3f"),
+    ("busbw(GB/s)", 11, "busbw_gbps", ".3f"),
+    ("ratio", 7, "ratio_to_mpi", ".2f"),
+    ("#wrong", 7, "wrong", "d"),
+    ("iters", 6, "iters", "d"),
+    ("rss(MiB)", 9, "peak_rss_mib", ".0f"),
+)
+
+
+def _cell(rec, key, fmt):
+    v = rec.get(key)
+    if key == "in_place":
+        return "in" if v else "out"
+    if v is None:
+        return "-"
+    return format(v, fmt)
+
+
+def format_summary(records) -> str:
+    """Return the per-size-band summary lines (``#``-prefixed)."""
+    lines = ["# summary: time ratio to mpi (<1 is faster than MPI_Allreduce), "
+             "geometric mean over the band's sizes"]
+    for s in band_summary(records):
+        place = "in-place" if s["in_place"] else "out-of-place"
+        auto = f", auto {s['auto']:.2f}x" if s["auto"] is not None else ""
+        lines.append(f"#   {s['band']:>8} {place:>12}: best {s['best']} {s['ratio']:.2f}x mpi"
+                     f"{auto}  ({s['sizes']} sizes)")
+    return "\n".join(lines)
+
+
+def format_table(records, *, header: str | None = None, summary: bool = True) -> str:
+    """Return the nccl-tests/OSU-style text table of ``records``."""
+    out = []
+    if records:
+        r0 = records[0]
+        checked = any(r["wrong"] is not None for r in records)
+        out.append(header or (
+            f"# mlcomm bench: allreduce  ranks {r0['ranks']}  dtype {r0['dtype']}  op {r0['op']}  "
+            f"device {r0.get('device', 'cpu')}  check {'on' if checked else 'off'}"))
+        out.append("# time per call, per rank, reduced over ranks; algbw = bytes/avg; "
+                   "busbw = algbw*2(p-1)/p; ratio = avg / mpi avg")
+    out.append("#" + " ".join(f"{h:>{w}}" if i != 3 else f"{h:<{w}}"
+                              for i, (h, w, _, _) in enumerate(_COLUMNS))[1:])
+    for rec in records:
+        out.append(" ".join(f"{_cell(rec, k, f):>{w}}" if i != 3 else f"{_cell(rec, k, f):<{w}}"
+                            for i, (_, w, k, f) in enumerate(_COLUMNS)))
+    wrong = sum(r["wrong"] or 0 for r in records)
+    if any(r["wrong"] is not None for r in records):
+        out.append(f"# check: {wrong} wrong elements {'OK' if wrong == 0 else 'FAILED'}")
+    if summary and records:
+        out.append(format_summary(records))
+    return "\n".join(out) + "\n"
+
+
+def format_csv(records) -> str:
+    """Return ``records`` as CSV with a header row (issue keys, then extras)."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(RECORD_KEYS) + list(EXTRA_KEYS),
+                       extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for rec in records:
+        w.writerow({k: ("" if rec.get(k) is None else rec.get(k)) for k in w.fieldnames})
+    return buf.getvalue()
+
+
+def format_json(records) -> str:
+    """Return ``records`` as a JSON list of objects."""
+    keys = list(RECORD_KEYS) + list(EXTRA_KEYS)
+    return json.dumps([{k: rec.get(k) for k in keys} for rec in records], indent=1) + "\n"
+
+
+def render(records, fmt: str) -> str:
+    """Return ``records`` in format ``fmt`` (table, csv or json)."""
+    return {"table": format_table, "csv": format_csv, "json": format_json}[fmt](records)
+
+
+def format_kernels(rows) -> str:
+    """Return kernel-bandwidth rows (dicts) as a text table, columns from the first row."""
+    if not rows:
+        return "# no kernel measurements\n"
+    keys = list(rows[0])
+    def cell(v):
+        if isinstance(v, float):
+            return f"{v:.3f}"
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 1024:
+            return format_size(v) if v % 1024 == 0 else str(v)
+        return str(v)
+    cells = [[cell(r.get(k)) for k in keys] for r in rows]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    lines = ["# " + "  ".join(k.rjust(w) for k, w in zip(keys, widths))]
+    lines += ["  " + "  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines) + "\n"
