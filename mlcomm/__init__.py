@@ -1,0 +1,18 @@
+"""mlcomm: hand-written MPI all-reduce algorithms as verified schedules."""
+
+from .algorithms import ALGORITHMS, COLLECTIVES
+from .api import IN_PLACE, allgather, allreduce, bcast, reduce, reduce_scatter
+from .comm import Comm
+
+__all__ = ["ALGORITHMS", "COLLECTIVES", "IN_PLACE", "Comm",
+           "allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "train"]
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # The trainer pulls in scikit-learn; load it only when asked for.
+    if name == "train":
+        from .trainer import train
+        return train
+    raise AttributeError(f"module 'mlcomm' has no attribute {name!r}")

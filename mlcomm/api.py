@@ -1,0 +1,223 @@
+"""The library API: validate and normalise buffers, pick the algorithm, run its plan.
+
+Every argument error is raised here, before any message is sent.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from . import kernels
+from .algorithms import AUTO, COLLECTIVES, MPI_NATIVE
+from .executor import MPI, is_in_place, native_call, op_name, plan_cache, private_comm, run_plan
+from .select import auto_choice, requested
+
+__all__ = ["allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "IN_PLACE"]
+
+IN_PLACE = MPI.IN_PLACE
+
+
+def _comm(comm):
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if not isinstance(comm, MPI.Intracomm):
+        raise TypeError(f"comm must be an mpi4py intracommunicator, got {type(comm).__name__}; "
+                        f"use MPI.COMM_WORLD, comm.Split(...) or an Intercomm's Merge()")
+    if comm == MPI.COMM_NULL:
+        raise ValueError("comm is MPI.COMM_NULL; pass a valid communicator")
+    return comm
+
+
+def _array(buf, name, writable=False):
+    """View ``buf`` as a 1-D NumPy array without copying; reject what MPI would mangle."""
+    arr = buf if isinstance(buf, np.ndarray) else None
+    if arr is None:
+        try:
+            arr = np.frombuffer(buf, dtype=np.dtype(memoryview(buf).format))
+        except TypeError:
+            if writable:
+                raise TypeError(f"{name} must be a writable buffer such as a NumPy array, "
+                                f"got {type(buf).__name__}") from None
+            arr = np.asarray(buf)
+    if not arr.flags.c_contiguous:
+        raise ValueError(f"{name} is not C-contiguous; pass np.ascontiguousarray({name})")
+    if writable and not arr.flags.writeable:
+        raise ValueError(f"{name} is read-only; pass a writable array")
+    return arr.reshape(-1)
+
+
+def _check_options(collective, algorithm, options):
+    if not options:
+        return {}
+    if algorithm in (AUTO, MPI_NATIVE):
+        raise TypeError(f"options {sorted(options)} need an explicit hand-written algorithm, "
+                        f"not {algorithm!r}")
+    known = COLLECTIVES[collective][algorithm].options
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise TypeError(f"algorithm {algorithm!r} takes no option {unknown}; "
+                        f"its options are {sorted(known) or 'none'}")
+    return options
+
+
+def _validate_across_ranks(pcomm, signature, error):
+    """Compare call signatures over ranks; raise the same error on every rank on mismatch."""
+    everyone = pcomm.allgather((signature, None if error is None else str(error)))
+    failed = {r: e for r, (_, e) in enumerate(everyone) if e is not None}
+    if failed:
+        if error is not None:
+            raise error
+        raise ValueError("mlcomm: the call failed on ranks " + ", ".join(
+            f"{r} ({e})" for r, e in sorted(failed.items())))
+    reference = everyone[0][0]
+    differ = [r for r, (s, _) in enumerate(everyone) if s != reference]
+    if differ:
+        fields = ("collective", "algorithm", "count", "dtype", "op", "root", "options")
+        diffs = [f"{f}: rank 0 has {a!r}, rank {differ[0]} has {b!r}"
+                 for f, a, b in zip(fields, reference, everyone[differ[0]][0]) if a != b]
+        raise ValueError(f"mlcomm: ranks {differ} called with arguments that differ from rank 0 "
+                         f"({'; '.join(diffs)})")
+
+
+def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
+    comm = _comm(comm)
+    p, rank = comm.Get_size(), comm.Get_rank()
+    if validate is None:
+        validate = os.environ.get("MLCOMM_VALIDATE") == "1"
+    signature, error, plan_args = None, None, None
+    try:
+        plan_args = _prepare(collective, sendbuf, recvbuf, op, p, rank, algorithm, root, options)
+        inp, out, count, opname, name, options = plan_args
+        signature = (collective, name, count, out.dtype.str, opname, root, sorted(options.items()))
+    except (TypeError, ValueError) as exc:
+        if not validate:
+            raise
+        error = exc
+    pcomm = private_comm(comm)
+    if validate:
+        _validate_across_ranks(pcomm.comm, signature, error)
+    inp, out, count, opname, name, options = plan_args
+    if name == AUTO:
+        name = _auto(pcomm, collective, p, count, out.dtype)
+    if name == MPI_NATIVE:
+        native_call(collective, pcomm.comm, inp, out, opname, root)
+    else:
+        if root:
+            options = dict(options, root=root)
+        plan = pcomm.plans.get(collective, name, rank, p, count, out.dtype, opname, options)
+        run_plan(pcomm.comm, plan, inp, out, opname)
+    if collective in ("allreduce", "reduce_scatter") or (collective == "reduce" and rank == root):
+        kernels.finalize(out, opname, p)
+    return out
+
+
+_CHOICES: dict = {}
+_OPTIONS_OK: set = set()
+
+
+def _auto(pcomm, collective, p, count, dtype):
+    """Rank 0's choice, broadcast once per new shape so that every rank runs the same schedule."""
+    key = (id(pcomm), collective, count, dtype.str)
+    name = _CHOICES.get(key)
+    if name is None:
+        name = pcomm.comm.bcast(auto_choice(collective, p, count * dtype.itemsize), root=0)
+        _CHOICES[key] = name
+    return name
+
+
+def _prepare(collective, sendbuf, recvbuf, op, p, rank, algorithm, root, options):
+    """Check every argument locally and return the arrays the plan runs on."""
+    name = requested(algorithm, collective)
+    opname = op_name(op) if collective not in ("allgather", "bcast") else "sum"
+    if collective in ("bcast", "reduce") and not (isinstance(root, int) and 0 <= root < p):
+        raise ValueError(f"root={root!r} is not a rank of this {p}-rank communicator")
+    in_place = is_in_place(sendbuf)
+    if collective == "bcast":
+        out = _array(sendbuf, "buf", writable=True)
+        inp, count = out, out.size
+    elif in_place:
+        if recvbuf is None:
+            raise ValueError("sendbuf=IN_PLACE needs recvbuf: the data to reduce in place")
+        out = _array(recvbuf, "recvbuf", writable=True)
+        inp = out
+        if collective == "reduce_scatter":
+            if out.size % p:
+                raise ValueError(f"in-place reduce_scatter: recvbuf has {out.size} elements, "
+                                 f"not a multiple of the {p} ranks")
+            inp, out = out.copy(), out[:out.size // p]
+        elif collective == "allgather":
+            if out.size % p:
+                raise ValueError(f"in-place allgather: recvbuf has {out.size} elements, "
+                                 f"not a multiple of the {p} ranks")
+            n = out.size // p
+            inp = out[rank * n:(rank + 1) * n]
+        count = inp.size if collective != "reduce_scatter" else out.size
+    else:
+        inp = _array(sendbuf, "sendbuf")
+        want = {"allreduce": inp.size, "reduce": inp.size, "allgather": inp.size * p,
+                "reduce_scatter": inp.size // p}[collective]
+        if collective == "reduce_scatter" and inp.size % p:
+            raise ValueError(f"reduce_scatter: sendbuf has {inp.size} elements, not a multiple of "
+                             f"the {p} ranks; pad it to {-(-inp.size // p) * p}")
+        if recvbuf is None or (collective == "reduce" and rank != root):
+            out = np.empty(want, inp.dtype)
+        else:
+            out = _array(recvbuf, "recvbuf", writable=True)
+        if out.size != want:
+            raise ValueError(f"recvbuf has {out.size} elements but this {collective} needs {want} "
+                             f"(sendbuf has {inp.size} on {p} ranks); pass a recvbuf of {want} "
+                             f"elements or recvbuf=None")
+        if out.dtype != inp.dtype:
+            raise TypeError(f"recvbuf dtype {out.dtype} differs from sendbuf dtype {inp.dtype}; "
+                            f"use the same dtype for both")
+        count = want if collective == "reduce_scatter" else inp.size
+    if collective not in ("allgather", "bcast"):
+        kernels.check_op(out.dtype, opname)
+    if options:
+        _check_options(collective, name, options)
+        key = (collective, name, p, out.dtype.itemsize, tuple(sorted(options.items())))
+        if key not in _OPTIONS_OK:  # an empty build checks the option values once
+            COLLECTIVES[collective][name].build(rank, p, 0, out.dtype.itemsize, **options)
+            _OPTIONS_OK.add(key)
+    return inp, out, count, opname, name, options
+
+
+def _shaped(result, like):
+    return result.reshape(np.shape(like)) if isinstance(like, np.ndarray) else result
+
+
+def allreduce(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None, validate=None,
+              **options):
+    """Reduce ``sendbuf`` over all ranks of ``comm``; every rank gets the result.
+
+    ``sendbuf=mlcomm.IN_PLACE`` (or ``MPI.IN_PLACE``) reduces ``recvbuf`` in
+    place.  ``algorithm`` defaults to ``MLCOMM_ALGORITHM`` or ``auto``;
+    ``options`` are the algorithm's (``servers=``, ``segment_bytes=`` ...).
+    """
+    out = _run("allreduce", sendbuf, recvbuf, op, comm, algorithm, 0, validate, options)
+    return _shaped(out, recvbuf if recvbuf is not None else sendbuf)
+
+
+def reduce_scatter(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None, validate=None,
+                   **options):
+    """Reduce p equal blocks over all ranks; rank r gets reduced block r (MPI_Reduce_scatter_block)."""
+    return _run("reduce_scatter", sendbuf, recvbuf, op, comm, algorithm, 0, validate, options)
+
+
+def allgather(sendbuf, recvbuf=None, *, comm=None, algorithm=None, validate=None, **options):
+    """Gather every rank's ``sendbuf`` into block r of every rank's result."""
+    return _run("allgather", sendbuf, recvbuf, "sum", comm, algorithm, 0, validate, options)
+
+
+def bcast(buf, root=0, *, comm=None, algorithm=None, validate=None, **options):
+    """Broadcast ``buf`` from ``root`` to every rank, in place."""
+    return _shaped(_run("bcast", buf, None, "sum", comm, algorithm, root, validate, options), buf)
+
+
+def reduce(sendbuf, recvbuf=None, op="sum", root=0, *, comm=None, algorithm=None, validate=None,
+           **options):
+    """Reduce ``sendbuf`` over all ranks to ``root``; returns the result there, None elsewhere."""
+    out = _run("reduce", sendbuf, recvbuf, op, comm, algorithm, root, validate, options)
+    rank = _comm(comm).Get_rank()
+    return _shaped(out, recvbuf if recvbuf is not None else sendbuf) if rank == root else None

@@ -1,0 +1,116 @@
+"""``mlcomm.Comm``: an mpi4py Intracomm whose collectives run mlcomm's algorithms.
+
+It shares the wrapped communicator's handle, takes every buffer form mpi4py
+takes, and hands anything mlcomm cannot reduce (a derived datatype, a
+user-defined op, long double ...) to the MPI library's own call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+from mpi4py.util import dtlib
+
+from . import api, kernels
+from .executor import op_name
+
+__all__ = ["Comm"]
+
+
+def _as_array(spec):
+    """Return a 1-D NumPy view of an mpi4py buffer spec, or None if it is not plain."""
+    if spec is None or spec is MPI.IN_PLACE:
+        return spec
+    obj, count, displ, datatype = spec, None, 0, None
+    if isinstance(spec, (list, tuple)):
+        obj, *rest = spec
+        if rest and isinstance(rest[-1], MPI.Datatype):
+            datatype = rest.pop()
+        if rest:
+            count = rest[0]
+            if isinstance(count, (list, tuple)):
+                count, displ = count
+    if isinstance(obj, np.ndarray):
+        if not obj.flags.c_contiguous:
+            return None
+        arr = obj.reshape(-1)
+    else:
+        view = memoryview(obj)
+        if not view.c_contiguous:
+            return None
+        arr = np.frombuffer(obj, dtype=np.dtype(view.format)) if view.format != "B" \
+            else np.frombuffer(obj, np.uint8)
+    if datatype is not None:
+        if not datatype.Is_predefined():
+            return None
+        dtype = dtlib.to_numpy_dtype(datatype)
+        if dtype != arr.dtype:
+            if arr.nbytes % dtype.itemsize:
+                return None
+            arr = arr.view(np.uint8).view(dtype)
+    if count is not None:
+        arr = arr[displ:displ + count]
+    return arr
+
+
+def _plain(*specs):
+    try:
+        return [_as_array(s) for s in specs]
+    except (TypeError, ValueError, KeyError):
+        return None
+
+
+class Comm(MPI.Intracomm):
+    """``mlcomm.Comm(comm, algorithm=None)``: switch existing mpi4py code with one line."""
+
+    def __new__(cls, comm=None, algorithm=None):
+        self = super().__new__(cls, MPI.COMM_WORLD if comm is None else comm)
+        self.algorithm = algorithm
+        return self
+
+    def _reducible(self, arrays, op):
+        if arrays is None or any(a is None for a in arrays):
+            return None
+        dtype = next(a.dtype for a in arrays if a is not MPI.IN_PLACE)
+        try:
+            name = op_name(op)
+        except ValueError:
+            return None
+        return name if kernels.is_supported(dtype, name) else None
+
+    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
+        arrays = _plain(sendbuf, recvbuf)
+        name = self._reducible(arrays, op)
+        if name is None:
+            return super().Allreduce(sendbuf, recvbuf, op)
+        api.allreduce(arrays[0], arrays[1], name, comm=self, algorithm=self.algorithm)
+
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM):
+        arrays = _plain(sendbuf, recvbuf)
+        name = self._reducible(arrays, op)
+        if name is None:
+            return super().Reduce_scatter_block(sendbuf, recvbuf, op)
+        api.reduce_scatter(arrays[0], arrays[1], name, comm=self)
+
+    def Allgather(self, sendbuf, recvbuf):
+        arrays = _plain(sendbuf, recvbuf)
+        if arrays is None or any(a is None for a in arrays):
+            return super().Allgather(sendbuf, recvbuf)
+        api.allgather(arrays[0], arrays[1], comm=self)
+
+    def Bcast(self, buf, root=0):
+        arrays = _plain(buf)
+        if arrays is None or arrays[0] is None:
+            return super().Bcast(buf, root)
+        api.bcast(arrays[0], root, comm=self)
+
+    def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):
+        if self.Get_rank() != root:
+            recvbuf = None
+        arrays = _plain(sendbuf, recvbuf)
+        if arrays is not None and arrays[1] is None and sendbuf is not MPI.IN_PLACE:
+            arrays[1] = np.empty_like(arrays[0]) if arrays[0] is not None else None
+        name = self._reducible(arrays, op)
+        if name is None:
+            return super().Reduce(sendbuf, recvbuf, op, root)
+        api.reduce(arrays[0], arrays[1], name, root, comm=self)

@@ -1,0 +1,174 @@
+"""MPI executor: run a plan over an mpi4py communicator.
+
+Transfers travel as bytes over persistent requests (``Send_init``/``Recv_init``
++ ``Startall``) bound once per plan and buffer pair; the reduction is ours
+(``mlcomm.kernels``), so dtypes MPI cannot reduce work too.  mlcomm talks on
+a duplicate of the user's communicator, so its messages never meet theirs.
+"""
+
+from __future__ import annotations
+
+import atexit
+
+import numpy as np
+from mpi4py import MPI
+
+from .kernels import reduce_into
+from .plan import PlanCache
+
+__all__ = ["IN_PLACE", "private_comm", "plan_cache", "run_plan", "native_call", "mpi_op",
+           "op_name", "is_in_place", "OP_NAMES"]
+
+IN_PLACE = MPI.IN_PLACE
+
+_MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
+            "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR,
+            "land": MPI.LAND, "lor": MPI.LOR, "avg": MPI.SUM}
+OP_NAMES = tuple(_MPI_OPS)
+_TAG = 0
+
+
+def op_name(op) -> str:
+    """Normalise an op given by name or as an ``MPI.Op`` constant."""
+    if isinstance(op, str) and op.lower() in _MPI_OPS:
+        return op.lower()
+    if isinstance(op, MPI.Op):
+        for name, const in _MPI_OPS.items():
+            if name != "avg" and op == const:
+                return name
+    raise ValueError(f"op={op!r} is not supported; use one of {', '.join(OP_NAMES)} "
+                     f"or the matching MPI.Op constant")
+
+
+def mpi_op(name: str) -> MPI.Op:
+    return _MPI_OPS[name]
+
+
+def is_in_place(buf) -> bool:
+    return buf is MPI.IN_PLACE
+
+
+class _Private:
+    """What mlcomm keeps per user communicator: its duplicate and plan cache."""
+
+    def __init__(self, comm):
+        self.comm = comm.Dup()
+        self.plans = PlanCache()
+
+    def free(self):
+        for plan in self.plans.plans.values():
+            if plan.bound is not None:
+                plan.bound.free()
+        self.plans.plans.clear()
+        if not MPI.Is_finalized():
+            self.comm.Free()
+
+
+def _delete(comm, keyval, private):
+    private.free()
+
+
+_KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete)
+_ALL: list = []
+
+
+def private_comm(comm) -> _Private:
+    """The duplicate of ``comm`` that mlcomm uses (collective on first use)."""
+    private = comm.Get_attr(_KEYVAL)
+    if private is None:
+        private = _Private(comm)
+        comm.Set_attr(_KEYVAL, private)
+        _ALL.append(private)
+    return private
+
+
+@atexit.register
+def _free_all():
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        for private in _ALL:
+            for plan in private.plans.plans.values():
+                if plan.bound is not None:
+                    plan.bound.free()
+
+
+def plan_cache(comm) -> PlanCache:
+    return private_comm(comm).plans
+
+
+class _Binding:
+    """A plan bound to concrete arrays: sliced views, persistent requests, kernels."""
+
+    def __init__(self, comm, plan, inp, out, op):
+        self.key = (inp.__array_interface__["data"][0], out.__array_interface__["data"][0],
+                    inp.size, out.size, inp.dtype.str)
+        scratch = np.empty(plan.schedule.scratch_count, out.dtype)
+        typed = {"input": inp, "output": out, "scratch": scratch}
+        raw = {k: v.view(np.uint8) for k, v in typed.items()}
+        size = out.dtype.itemsize
+        view = lambda s: typed[s[0]][s[1]:s[2]]
+        byteview = lambda s: [raw[s[1]][s[2] * size:s[3] * size], MPI.BYTE]
+        reduce = lambda dst, src: reduce_into(dst, src, op)
+        self.steps, self.requests = [], []
+        for sends, recvs, ops in plan.steps:
+            reqs = [comm.Recv_init(byteview(r), r[0], _TAG) for r in recvs]
+            reqs += [comm.Send_init(byteview(s), s[0], _TAG) for s in sends]
+            calls = []
+            for is_copy, dst, src in ops:
+                d, s = view(dst), view(src)
+                if is_copy:
+                    if not np.shares_memory(d, s):
+                        calls.append((np.copyto, d, s))
+                else:
+                    calls.append((reduce, d, s))
+            self.steps.append((reqs, calls))
+            self.requests += reqs
+        self.scratch = scratch
+
+    def run(self):
+        startall, waitall = MPI.Prequest.Startall, MPI.Request.Waitall
+        for reqs, calls in self.steps:
+            if reqs:
+                startall(reqs)
+                waitall(reqs)
+            for fn, d, s in calls:
+                fn(d, s)
+
+    def free(self):
+        if not MPI.Is_finalized():
+            for req in self.requests:
+                if req:
+                    req.Free()
+        self.requests = []
+
+
+def run_plan(comm, plan, inp: np.ndarray, out: np.ndarray, op: str) -> None:
+    """Run ``plan`` on 1-D contiguous ``inp`` and ``out`` (the same array when in place)."""
+    bound = plan.bound
+    if bound is None or bound.key != (inp.__array_interface__["data"][0],
+                                      out.__array_interface__["data"][0],
+                                      inp.size, out.size, inp.dtype.str):
+        if bound is not None:
+            bound.free()
+        plan.bound = bound = _Binding(comm, plan, inp, out, op)
+    bound.run()
+
+
+def native_call(collective, comm, inp, out, op, root=0):
+    """Run the MPI library's own collective on NumPy buffers (``inp is out`` means in place)."""
+    send = MPI.IN_PLACE if inp is out else inp
+    if collective == "allreduce":
+        comm.Allreduce(send, out, mpi_op(op))
+    elif collective == "reduce_scatter":
+        comm.Reduce_scatter_block(send, out, mpi_op(op))
+    elif collective == "allgather":
+        comm.Allgather(send, out)
+    elif collective == "bcast":
+        if comm.Get_rank() == root and inp is not out:
+            out[...] = inp
+        comm.Bcast(out, root)
+    elif collective == "reduce":
+        if inp is out:
+            send = MPI.IN_PLACE if comm.Get_rank() == root else inp
+        comm.Reduce(send, out, mpi_op(op), root)
+    else:
+        raise ValueError(collective)
