@@ -1,0 +1,367 @@
+"""Numba CUDA reduction kernels for device arrays (also run under ``NUMBA_ENABLE_CUDASIM=1``).
+
+Every op and dtype of the CPU kernels is covered. Integer sum/prod and the bitwise and
+logical ops run on the unsigned view of the same width, bool on uint8, complex sum on the real
+view. float16 computes in float32 and rounds back (exactly NumPy's result: float32 holds every
+float16 sum and product to within one rounding that cannot double-round). bfloat16 runs on the
+raw uint16 bits: widened to float32, reduced, rounded back to nearest-even, NaN made the quiet
+NaN ``ml_dtypes`` makes. Kernels use a grid-stride loop and launch on the given stream.
+"""
+
+import math
+
+import numpy as np
+from numba import config, cuda
+from numba.core.types import float16, float32, int32, int64, uint16, uint32
+
+from .ops import BFLOAT16
+
+__all__ = ["SIMULATOR", "available", "reduce_into", "finalize", "copy", "as_device",
+           "to_stream"]
+
+SIMULATOR = bool(config.ENABLE_CUDASIM)
+
+#: threads per block and a cap on the number of blocks (the loop strides over the rest)
+THREADS = 32 if SIMULATOR else 256
+_max_blocks = 4 if SIMULATOR else None
+
+_F16 = np.dtype(np.float16)
+_UINT = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32),
+         8: np.dtype(np.uint64)}
+_REAL = {np.dtype(np.complex64): np.dtype(np.float32),
+         np.dtype(np.complex128): np.dtype(np.float64)}
+
+
+def available():
+    """Return (ok, detail)."""
+    if SIMULATOR:
+        return True, "numba CUDA simulator (NUMBA_ENABLE_CUDASIM=1)"
+    try:
+        if not cuda.is_available():
+            return False, "no CUDA driver or device"
+        dev = cuda.get_current_device()
+        name = dev.name.decode() if isinstance(dev.name, bytes) else dev.name
+        return True, f"{name} (cc {dev.compute_capability[0]}.{dev.compute_capability[1]})"
+    except Exception as exc:  # pragma: no cover - needs a GPU
+        return False, f"{type(exc).__name__}: {exc}"
+
+
+# --- bit casts: libdevice on a GPU, NumPy scalar views under the simulator -------------------
+
+if SIMULATOR:
+    @cuda.jit(device=True)
+    def _f32_bits(f):
+        return np.int64(np.float32(f).view(np.uint32))
+
+    @cuda.jit(device=True)
+    def _bits_f32(u):
+        return np.uint32(u).view(np.float32)
+else:  # pragma: no cover - needs a GPU
+    from numba.cuda import libdevice
+
+    @cuda.jit(device=True)
+    def _f32_bits(f):
+        return int64(libdevice.float_as_int(f)) & 0xFFFFFFFF
+
+    @cuda.jit(device=True)
+    def _bits_f32(u):
+        return libdevice.int_as_float(int32(u))
+
+
+@cuda.jit(device=True)
+def _b2f(b):
+    """Widen raw bfloat16 bits to float32 (exact)."""
+    return _bits_f32(uint32(b) << uint32(16))
+
+
+@cuda.jit(device=True)
+def _f2b(f):
+    """Round float32 to raw bfloat16 bits, to nearest even; NaN becomes the quiet NaN."""
+    u = _f32_bits(f)
+    if f != f:
+        return uint16(((u >> 16) & 0x8000) | 0x7FC0)
+    return uint16((u + 0x7FFF + ((u >> 16) & 1)) >> 16)
+
+
+# --- kernels ---------------------------------------------------------------------------------
+# Generic: integers (as unsigned views where the bits agree), float32/64, complex.
+
+@cuda.jit
+def _k_sum(d, s):
+    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+        d[i] = d[i] + s[i]
+
+
+@cuda.jit
+def _k_prod(d, s):
+    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+        d[i] = d[i] * s[i]
+
+
+@cuda.jit
+def _k_min(d, s):
+    # np.minimum bit for bit: NaN in d wins, then NaN in s, ties give s.
+    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+        a = d[i]
+        b = s[i]
+        if not (a < b or a != a):
+            d[i] = b
+
+
+@cuda.jit
+def _k_max(d, s):
+    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+        a = d[i]
+        b = s[i]
+        if not (a > b or a != a):
+            d[i] = b
+
+
+@cuda.jit
+def _k_band(d, s):
+    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+        d[i] = d[i] & s[i]
+
+
+@cuda.jit
+def _k_bor(d, s):
+    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+        d[i] = d[i] | s[i]
+
+
+@cuda.jit
+def _k_bxor(d, s):
+    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+        d[i] = d[i] ^ s[i]
+
+
+@cuda.jit
+def _k_land(d, s):
+    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+        d[i] = 1 if (d[i] != 0 and s[i] != 0) else 0
+
+
+@cuda.jit
+def _k_lor(d, s):
+    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+        d[i] = 1 if (d[i] != 0 or s[i] != 0) else 0
+
+
+@cuda.jit
+def _k_div(d, n):
+    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+        d[i] = d[i] / n
+
+
+@cuda.jit
+def _k_copy(d, s):
+    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+        d[i] = s[i]
+
+
+# float16: compute in float32, round back once.
+
+@cuda.jit
+def _k_h_sum(d, s):
+    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+        d[i] = float16(float32(d[i]) + float32(s[i]))
+
+
+@cuda.jit
+def _k_h_prod(d, s):
+    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+        d[i] = float16(float32(d[i]) * float32(s[i]))
+
+
+@cuda.jit
+def _k_h_min(d, s):
+    # NumPy's float16 minimum keeps d on ties (unlike float32): a <= b.
+    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+        a = float32(d[i])
+        b = float32(s[i])
+        if not (a <= b or a != a):
+            d[i] = s[i]
+
+
+@cuda.jit
+def _k_h_max(d, s):
+    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+        a = float32(d[i])
+        b = float32(s[i])
+        if not (a >= b or a != a):
+            d[i] = s[i]
+
+
+@cuda.jit
+def _k_h_div(d, n):
+    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+        d[i] = float16(float32(d[i]) / n)
+
+
+# bfloat16 on raw uint16 bits.
+
+@cuda.jit
+def _k_b_sum(d, s):
+    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+        d[i] = _f2b(_b2f(d[i]) + _b2f(s[i]))
+
+
+@cuda.jit
+def _k_b_prod(d, s):
+    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+        d[i] = _f2b(_b2f(d[i]) * _b2f(s[i]))
+
+
+@cuda.jit
+def _k_b_min(d, s):
+    # ml_dtypes' minimum: ties give s, NaN in d wins, result rounded back (NaN made quiet).
+    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+        a = _b2f(d[i])
+        b = _b2f(s[i])
+        if not (a < b or a != a):
+            a = b
+        d[i] = _f2b(a)
+
+
+@cuda.jit
+def _k_b_max(d, s):
+    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+        a = _b2f(d[i])
+        b = _b2f(s[i])
+        if not (a > b or a != a):
+            a = b
+        d[i] = _f2b(a)
+
+
+@cuda.jit
+def _k_b_div(d, n):
+    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+        d[i] = _f2b(_b2f(d[i]) / n)
+
+
+_GENERIC = {"sum": _k_sum, "avg": _k_sum, "prod": _k_prod, "min": _k_min, "max": _k_max,
+            "band": _k_band, "bor": _k_bor, "bxor": _k_bxor, "land": _k_land, "lor": _k_lor}
+_HALF = {"sum": _k_h_sum, "avg": _k_h_sum, "prod": _k_h_prod, "min": _k_h_min, "max": _k_h_max}
+_BF16 = {"sum": _k_b_sum, "avg": _k_b_sum, "prod": _k_b_prod, "min": _k_b_min, "max": _k_b_max}
+
+
+def _plan(dtype, op):
+    """Return (kernel, dtype the kernel sees) for a checked (dtype, op)."""
+    if BFLOAT16 is not None and dtype == BFLOAT16:
+        return _BF16[op], _UINT[2]
+    if dtype == _F16:
+        return _HALF[op], _F16
+    kind = dtype.kind
+    if kind in "iub":
+        return _GENERIC[op], (dtype if op in ("min", "max") else _UINT[dtype.itemsize])
+    if kind == "c" and op in ("sum", "avg"):
+        return _GENERIC[op], _REAL[dtype]
+    return _GENERIC[op], dtype
+
+
+# --- arrays and streams ----------------------------------------------------------------------
+
+class _Interface:
+    """A CUDA array interface re-typed as a flat array (zero copy)."""
+
+    def __init__(self, cai):
+        self.__cuda_array_interface__ = cai
+
+
+def _nbytes_and_check(cai, itemsize):
+    shape = tuple(cai["shape"])
+    count = math.prod(shape)
+    strides = cai.get("strides")
+    if strides is not None and count > 1:
+        expect, acc = [], itemsize
+        for extent in reversed(shape):
+            expect.append(acc)
+            acc *= extent
+        if tuple(st for st, ext in zip(strides, shape) if ext > 1) != \
+                tuple(st for st, ext in zip(reversed(expect), shape) if ext > 1):
+            raise ValueError("device buffers must be C-contiguous")
+    return count * itemsize
+
+
+def as_device(a, dtype, view=None):
+    """Return a flat Numba device array over ``a``'s memory, seen as ``view`` (default dtype)."""
+    dtype = np.dtype(dtype)
+    view = dtype if view is None else np.dtype(view)
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is None:  # a Numba (simulator) device array
+        flat = a.reshape(a.size) if len(a.shape) != 1 else a
+        if not (flat.is_c_contiguous() if hasattr(flat, "is_c_contiguous") else True):
+            raise ValueError("device buffers must be C-contiguous")
+        return flat if np.dtype(flat.dtype) == view else flat.view(view)
+    itemsize = np.dtype(cai["typestr"]).itemsize
+    nbytes = _nbytes_and_check(cai, itemsize)
+    if nbytes % view.itemsize:
+        raise ValueError(f"a buffer of {nbytes} bytes is not a whole number of {view}")
+    new = dict(cai, shape=(nbytes // view.itemsize,), strides=None, typestr=view.str)
+    new.pop("descr", None)
+    new.pop("mask", None)
+    return cuda.as_cuda_array(_Interface(new))
+
+
+def to_stream(stream):
+    """Return a Numba stream (or 0) for a Numba stream, a CuPy stream, a raw handle or None."""
+    if stream is None or (isinstance(stream, int) and stream == 0):
+        return 0
+    if SIMULATOR:
+        return stream if isinstance(stream, cuda.stream) else 0
+    if type(stream).__module__.startswith("numba"):
+        return stream
+    ptr = getattr(stream, "ptr", stream)  # cupy.cuda.Stream has .ptr
+    if ptr == 0:
+        return 0
+    return cuda.external_stream(int(ptr))
+
+
+def _blocks(n):
+    global _max_blocks
+    if _max_blocks is None:  # pragma: no cover - needs a GPU
+        _max_blocks = 32 * cuda.get_current_device().MULTIPROCESSOR_COUNT
+    return max(1, min(_max_blocks, (n + THREADS - 1) // THREADS))
+
+
+def _launch(kernel, n, stream, *args):
+    kernel[_blocks(n), THREADS, to_stream(stream)](*args)
+
+
+def reduce_into(dst, src, op, *, stream=None, dtype=None):
+    """Set ``dst = dst (op) src`` on the device, launched on ``stream`` (op/dtype checked)."""
+    dtype = np.dtype(dst.dtype if dtype is None else dtype)
+    kernel, view = _plan(dtype, op)
+    d = as_device(dst, dtype, view)
+    s = as_device(src, dtype, view)
+    if d.size != s.size:
+        raise ValueError(f"reduce_into: dst has {d.size} and src {s.size} elements of {view}")
+    if d.size:
+        _launch(kernel, d.size, stream, d, s)
+
+
+def finalize(dst, op, nranks, *, stream=None, dtype=None):
+    """Divide ``dst`` by ``nranks`` on the device when ``op`` is avg."""
+    if op != "avg":
+        return
+    dtype = np.dtype(dst.dtype if dtype is None else dtype)
+    if BFLOAT16 is not None and dtype == BFLOAT16:
+        kernel, view, n = _k_b_div, _UINT[2], np.float32(nranks)
+    elif dtype == _F16:
+        kernel, view, n = _k_h_div, _F16, np.float32(nranks)
+    else:
+        view = _REAL.get(dtype, dtype)
+        kernel, n = _k_div, view.type(nranks)
+    d = as_device(dst, dtype, view)
+    if d.size:
+        _launch(kernel, d.size, stream, d, n)
+
+
+def copy(dst, src, *, stream=None, dtype=None):
+    """Copy ``src`` into ``dst`` with a kernel of the same shape (bandwidth baseline)."""
+    dtype = np.dtype(dst.dtype if dtype is None else dtype)
+    view = _UINT.get(dtype.itemsize, dtype)
+    d = as_device(dst, dtype, view)
+    s = as_device(src, dtype, view)
+    if d.size:
+        _launch(_k_copy, d.size, stream, d, s)
