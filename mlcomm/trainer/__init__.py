@@ -1,1 +1,5 @@
-"""Placeholder until its issue lands."""
+"""Data-parallel SGD trainer: ``train(...)`` and ``mlcomm train``."""
+
+from .train import TrainConfig, TrainResult, train
+
+__all__ = ["TrainConfig", "TrainResult", "train"]

@@ -1,0 +1,385 @@
+"""``train(...)``: the data-parallel SGD training loop shared by every mode."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from mpi4py import MPI
+
+from . import checkpoint as _ckpt
+from .compress import get_compressor
+from .data import batch_indices, load, shard
+from .metrics import write_metrics
+from .models import build_model, hidden_for_params
+from .optim import SGD, scaled_lr
+from .sync import AsyncPS, Backup, make_mode
+
+__all__ = ["TrainConfig", "TrainResult", "train", "validate"]
+
+SYNC_MODES = ("bsp", "ssp", "async", "backup")
+
+
+@dataclass
+class TrainConfig:
+    """Every option of ``mlcomm train`` (see ``mlcomm train --help``)."""
+
+    data: str = "digits"
+    model: str = "mlp1"
+    hidden: tuple = (128,)
+    params: int | None = None          # synthetic only: about this many parameters
+    features: int = 64                 # synthetic only: input features
+    steps: int = 300
+    batch_size: int = 32               # per worker
+    lr: float = 0.05                   # for a global batch of base_batch
+    base_batch: int = 32
+    lr_scaling: str = "linear"
+    warmup: int = 20
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    dtype: str = "float32"
+    seed: int = 0
+    sync: str = "bsp"
+    algorithm: str = "auto"
+    bucket_mb: float = 64.0            # fusion threshold; 0 = one all-reduce per tensor
+    staleness: int = 0
+    backup_workers: int = 0
+    servers: int = 1
+    compress: str = "none"
+    straggler: str | None = None
+    metrics: str | None = None
+    eval_every: int = 10
+    checkpoint: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    progress: bool = True
+
+    @property
+    def bucket_bytes(self) -> int:
+        return int(self.bucket_mb * 2**20)
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns on every rank."""
+
+    params: np.ndarray
+    step: int
+    test_accuracy: float
+    metrics: list = field(default_factory=list)
+    stopped: bool = False              # stopped early by SIGTERM (a checkpoint was written)
+    bytes_sent: int = 0                # by this rank, over the whole run
+    wall_s: float = 0.0
+    config: TrainConfig | None = None
+
+
+def _parse_straggler(spec, size):
+    """Return (mode, ranks, ms): mode "fixed" or "random"."""
+    if not spec:
+        return None
+    spec = spec.strip()
+    try:
+        if spec.startswith("random"):
+            _, _, ms = spec.partition(":")
+            ms = float(ms) if ms else 100.0
+            if ms < 0:
+                raise ValueError
+            return ("random", None, ms)
+        ranks = {}
+        for part in spec.split(","):
+            r, _, ms = part.partition(":")
+            r, ms = int(r), float(ms)
+            if not 0 <= r < size or ms < 0:
+                raise ValueError
+            ranks[r] = ms
+        return ("fixed", ranks, None)
+    except ValueError:
+        raise ValueError(f"--straggler: bad value {spec!r} (use RANK:MS[,RANK:MS...] with "
+                         f"0 <= RANK < {size}, or random[:MS])") from None
+
+
+def validate(cfg: TrainConfig, size: int) -> TrainConfig:
+    """Check every option against ``size`` ranks; raise ValueError naming the option.
+
+    Runs before any communication, identically on every rank.
+    """
+    cfg = dataclasses.replace(cfg)
+    if cfg.sync not in SYNC_MODES:
+        raise ValueError(f"--sync: unknown mode {cfg.sync!r} (choose {', '.join(SYNC_MODES)})")
+    if cfg.staleness < 0:
+        raise ValueError(f"--staleness must be >= 0, got {cfg.staleness}")
+    if cfg.staleness and cfg.sync != "ssp":
+        raise ValueError(f"--staleness applies to --sync ssp, not --sync {cfg.sync}")
+    if cfg.backup_workers < 0 or cfg.backup_workers >= size:
+        raise ValueError(f"--backup-workers must be in [0, P-1] = [0, {size - 1}] "
+                         f"for P = {size} ranks, got {cfg.backup_workers}")
+    if cfg.backup_workers:
+        if cfg.sync not in ("bsp", "backup"):
+            raise ValueError(f"--backup-workers applies to --sync bsp, not --sync {cfg.sync}")
+        cfg.sync = "backup"
+    if cfg.sync == "async" and not 1 <= cfg.servers < size:
+        raise ValueError(f"--servers K must satisfy 1 <= K < P = {size} (the other ranks are "
+                         f"workers), got K = {cfg.servers}")
+    get_compressor(cfg.compress)
+    try:
+        from mlcomm.algorithms import resolve
+        cfg.algorithm = resolve(cfg.algorithm)
+    except ImportError:
+        pass
+    except ValueError as exc:
+        raise ValueError(f"--algorithm: {exc}") from None
+    _parse_straggler(cfg.straggler, size)
+    for name in ("steps", "batch_size", "base_batch", "eval_every"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
+    for name in ("warmup", "checkpoint_every"):
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
+    if cfg.lr <= 0:
+        raise ValueError(f"--lr must be > 0, got {cfg.lr}")
+    if not 0 <= cfg.momentum < 1:
+        raise ValueError(f"--momentum must be in [0, 1), got {cfg.momentum}")
+    if cfg.bucket_mb < 0:
+        raise ValueError(f"--bucket-mb must be >= 0, got {cfg.bucket_mb}")
+    if cfg.dtype not in ("float32", "float64"):
+        raise ValueError(f"--dtype: choose float32 or float64, not {cfg.dtype!r}")
+    if cfg.resume and not cfg.checkpoint:
+        raise ValueError("--resume needs --checkpoint PATH")
+    if cfg.data not in ("digits", "synthetic"):
+        raise ValueError(f"--data: unknown data set {cfg.data!r} (choose digits or synthetic)")
+    if cfg.params is not None and cfg.data != "synthetic":
+        raise ValueError("--params applies to --data synthetic")
+    if cfg.params is not None and not 10 < cfg.params <= 2 * 10**8:
+        raise ValueError(f"--params must be in (10, 2e8], got {cfg.params}")
+    if cfg.model not in ("softmax", "mlp", "mlp1", "mlp2"):
+        raise ValueError(f"--model: unknown model {cfg.model!r} (choose softmax, mlp1 or mlp2)")
+    return cfg
+
+
+class _Context:
+    """Everything a mode needs: communicator, model, data, optimiser, compressor, timers."""
+
+    def __init__(self, cfg: TrainConfig, comm):
+        self.cfg, self.comm = cfg, comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.dtype = np.dtype(cfg.dtype)
+        features, hidden = cfg.features, tuple(cfg.hidden)
+        n_classes = 10
+        if cfg.params is not None:
+            layers = {"softmax": 0, "mlp": 1, "mlp1": 1, "mlp2": 2}[cfg.model]
+            if layers == 0:
+                features = max(1, cfg.params // n_classes - 1)
+            else:
+                h = hidden_for_params(cfg.params, features, n_classes, layers)
+                hidden = (h, h)
+        self.data = load(cfg.data, seed=cfg.seed, n_features=features, dtype=self.dtype)
+        self.model = build_model(cfg.model, self.data.n_features, self.data.n_classes,
+                                 hidden=hidden, dtype=self.dtype)
+        self.params = self.model.init(cfg.seed)
+        self.opt = SGD(self.model.size, self.dtype, momentum=cfg.momentum,
+                       weight_decay=cfg.weight_decay)
+        self.compressor = get_compressor(cfg.compress, seed=cfg.seed * 100003 + self.rank)
+        self.workers = self.size - cfg.servers if cfg.sync == "async" else self.size
+        self.global_batch = cfg.batch_size * self.workers
+        self.straggler = _parse_straggler(cfg.straggler, self.size)
+        self._stop = threading.Event()
+
+    def lr_at(self, step: int) -> float:
+        c = self.cfg
+        return scaled_lr(step, lr=c.lr, global_batch=self.global_batch, base_batch=c.base_batch,
+                         warmup=c.warmup, scaling=c.lr_scaling)
+
+    def shard_size(self, index: int) -> int:
+        b = self.global_batch
+        return int(round(b * (index + 1) / self.workers) - round(b * index / self.workers))
+
+    def straggle(self, step: int) -> None:
+        s = self.straggler
+        if s is None:
+            return
+        if s[0] == "fixed":
+            ms = s[1].get(self.rank, 0.0)
+        else:
+            chosen = int(np.random.default_rng([self.cfg.seed, 77, step]).integers(self.size))
+            ms = s[2] if chosen == self.rank else 0.0
+        if ms:
+            time.sleep(ms / 1000.0)
+
+    def compute(self, step, params, grad, index, parts, scale):
+        """Gradient of this worker's share of global batch ``step``; return (loss sum, n, seconds)."""
+        t0 = time.perf_counter()
+        idx = shard(batch_indices(len(self.data.y_train), self.global_batch, step, self.cfg.seed),
+                    index, parts)
+        loss = self.model.loss_and_grad(params, self.data.x_train[idx], self.data.y_train[idx],
+                                        grad, scale)
+        self.straggle(step)
+        return loss, len(idx), time.perf_counter() - t0
+
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    def rank_state(self) -> dict:
+        return {f"comp_{k}": v for k, v in self.compressor.state().items()}
+
+    def load_rank_state(self, arrays, rank) -> None:
+        prefix = f"rank{rank}_comp_"
+        state = {k[len(prefix):]: arrays[k] for k in arrays if k.startswith(prefix)}
+        if state:
+            self.compressor.load(state)
+
+    def test_accuracy(self) -> float:
+        return self.model.accuracy(self.params, self.data.x_test, self.data.y_test)
+
+
+def _meta(ctx, step):
+    c = ctx.cfg
+    return {"step": int(step), "sync": c.sync, "model": ctx.model.name, "sizes": ctx.model.sizes,
+            "n_params": ctx.model.size, "ranks": ctx.size, "seed": c.seed, "data": c.data,
+            "dtype": c.dtype, "compress": c.compress, "batch_size": c.batch_size}
+
+
+def _save(ctx, mode, step, *, collective=True):
+    """Write a checkpoint (collective for every mode but backup's periodic ones)."""
+    if collective:
+        arrays = mode.gather_state()
+    else:  # backup workers: rank 0 holds the parameters and the velocity
+        arrays = {"params": ctx.params, "velocity": ctx.opt.velocity} if ctx.rank == 0 else None
+    if ctx.rank == 0:
+        _ckpt.save(ctx.cfg.checkpoint, arrays, _meta(ctx, step))
+
+
+def _load(ctx, mode):
+    """Read the checkpoint on rank 0, broadcast it; return the step to continue from."""
+    got = None
+    if ctx.rank == 0:
+        if os.path.exists(ctx.cfg.checkpoint):
+            got = _ckpt.load(ctx.cfg.checkpoint)
+    got = ctx.comm.bcast(got, root=0)
+    if got is None:
+        return 0
+    arrays, meta = got
+    if meta["n_params"] != ctx.model.size or meta["sizes"] != ctx.model.sizes:
+        raise ValueError(f"--resume: checkpoint {ctx.cfg.checkpoint} holds a model of "
+                         f"{meta['sizes']}, this run builds {ctx.model.sizes}")
+    if meta["ranks"] != ctx.size:
+        arrays = {k: v for k, v in arrays.items() if not k.startswith("rank")}
+    mode.load_state(arrays)
+    return int(meta["step"])
+
+
+def train(config: TrainConfig | None = None, *, comm=None, **options) -> TrainResult:
+    """Train on ``comm`` (default COMM_WORLD); every rank calls it and gets a TrainResult.
+
+    Options are the fields of :class:`TrainConfig`.  Bad options raise ValueError
+    on every rank before any communication.
+    """
+    cfg = dataclasses.replace(config or TrainConfig(), **options)
+    base = MPI.COMM_WORLD if comm is None else comm
+    cfg = validate(cfg, base.Get_size())
+    comm = base.Dup()
+    try:
+        return _train(cfg, comm)
+    finally:
+        comm.Free()
+
+
+def _train(cfg, comm):
+    ctx = _Context(cfg, comm)
+    mode = make_mode(ctx)
+    start = _load(ctx, mode) if cfg.resume else 0
+    crash_at = int(os.environ.get("MLCOMM_TRAIN_CRASH_AT", -1))     # test hook: hard kill
+    term_at = int(os.environ.get("MLCOMM_TRAIN_SIGTERM_AT", -1))    # test hook: SIGTERM to last rank
+
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, lambda *_: ctx._stop.set())
+    logger = ctx.rank == mode.logger_rank
+    rows, bar, acc, total_bytes = [], None, float("nan"), 0
+    if logger and cfg.progress:
+        from tqdm import tqdm
+        bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.sync}", unit="step",
+                   dynamic_ncols=True)
+    t_start = time.perf_counter()
+    step, stopped = start, False
+    try:
+        if not mode.is_worker:
+            mode.serve()
+        else:
+            while step < cfg.steps:
+                if step == crash_at and ctx.rank == 0:
+                    comm.Abort(3)
+                if step == term_at and ctx.rank == ctx.size - 1:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                t0 = time.perf_counter()
+                info = mode.step(step)
+                total_bytes += info.bytes_sent
+                nxt = getattr(mode, "next_step", None)
+                done = info.step
+                step = nxt if nxt is not None else step + 1
+                if logger:
+                    dt = time.perf_counter() - t0
+                    if step % cfg.eval_every == 0 or step >= cfg.steps or info.stop:
+                        acc = ctx.test_accuracy()
+                    samples = info.samples * (ctx.workers if cfg.sync == "async" else 1)
+                    if cfg.sync in ("bsp", "ssp"):
+                        samples = ctx.global_batch
+                    rows.append({"step": done + 1, "wall_s": round(time.perf_counter() - t_start, 6),
+                                 "loss": info.loss, "test_accuracy": acc,
+                                 "samples_per_s": samples / dt if dt > 0 else float("nan"),
+                                 "compute_s": info.compute_s, "comm_s": info.comm_s,
+                                 "bytes_sent": int(info.bytes_sent), "lr": ctx.lr_at(done),
+                                 "mode": _mode_label(cfg)})
+                    if bar is not None:
+                        bar.update(step - bar.n)
+                        bar.set_postfix(loss=f"{info.loss:.3f}", acc=f"{acc:.3f}")
+                if cfg.checkpoint and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 \
+                        and step < cfg.steps and not info.stop and mode.periodic_checkpoints:
+                    if isinstance(mode, Backup):
+                        _save(ctx, mode, step, collective=False)
+                    else:
+                        mode.sync_point(step)
+                        _save(ctx, mode, step)
+                if info.stop:
+                    stopped = ctx.stop_requested() or step < cfg.steps
+                    break
+        mode.finish()
+        if isinstance(mode, Backup) or isinstance(mode, AsyncPS):
+            step = comm.bcast(step, root=mode.logger_rank)
+        stopped = bool(comm.allreduce(int(stopped), MPI.MAX))
+        if cfg.checkpoint:
+            _save(ctx, mode, step)
+    finally:
+        if bar is not None:
+            bar.close()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    wall = time.perf_counter() - t_start
+    if logger:
+        acc = ctx.test_accuracy()
+        if rows:
+            rows[-1]["test_accuracy"] = acc
+        if cfg.metrics:
+            write_metrics(cfg.metrics, rows, {**_meta(ctx, step), "config": _jsonable(cfg),
+                                              "stopped": stopped, "wall_s": wall})
+    acc = comm.bcast(acc, root=mode.logger_rank)
+    return TrainResult(params=ctx.params, step=step, test_accuracy=acc, metrics=rows,
+                       stopped=stopped, bytes_sent=total_bytes, wall_s=wall, config=cfg)
+
+
+def _mode_label(cfg):
+    if cfg.sync == "ssp":
+        return f"ssp s={cfg.staleness}"
+    if cfg.sync == "backup":
+        return f"backup b={cfg.backup_workers}"
+    if cfg.sync == "async":
+        return f"async K={cfg.servers}"
+    return "bsp" if cfg.compress == "none" else f"bsp {cfg.compress}"
+
+
+def _jsonable(cfg):
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()}
