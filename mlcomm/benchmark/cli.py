@@ -40,6 +40,8 @@ def register(subparsers):
                    help="largest message (default 16M)")
     p.add_argument("-f", "--factor", type=float, default=None,
                    help="multiply the size by this between steps (default 2)")
+    p.add_argument("--sizes", default=None, metavar="S1,S2,...",
+                   help="explicit message sizes, e.g. 8,64K,16M (overrides -b/-e/-f)")
     p.add_argument("-n", "--iters", type=int, default=None,
                    help="timed calls per size (default: size-aware, 200 for small messages "
                         "down to 5 for large ones)")
@@ -86,6 +88,9 @@ def _short(n):
 
 def _sizes(args, itemsize):
     from .harness import parse_size, size_list
+    if args.sizes:
+        sizes = [parse_size(t) for t in args.sizes.split(",") if t.strip()]
+        return sorted({max(itemsize, s // itemsize * itemsize) if s else 0 for s in sizes})
     lo = parse_size(args.min_bytes) if args.min_bytes is not None else None
     hi = parse_size(args.max_bytes) if args.max_bytes is not None else None
     if args.quick and args.factor is None:
@@ -129,12 +134,29 @@ def _run_kernels(args, comm, dtype):
         lo = parse_size(args.min_bytes or "64K")
         hi = parse_size(args.max_bytes or "64M")
         sizes = size_list(lo, hi, args.factor or 4.0, dtype.itemsize)
-        if args.quick:
+        if args.sizes:
+            sizes = _sizes(args, dtype.itemsize)
+        elif args.quick:
             sizes = [s for s in sizes if s <= (16 << 20)][-3:] or sizes[:1]
-        kw = dict(sizes=sizes, dtype=dtype, op=args.op, device=args.device)
+        backends = ("numpy", "numba") if args.device == "cpu" else ("cupy", "cuda")
+        kw = dict(dtype=dtype, op=args.op, device=args.device)
         if args.iters is not None:
-            kw["iters"] = args.iters
-        rows = bandwidth.measure(**kw)
+            kw["repeat"] = args.iters
+        if args.warmup is not None:
+            kw["warmup"] = args.warmup
+        rows = []
+        from tqdm import tqdm
+        with tqdm(total=len(sizes) * len(backends), desc="kernels", leave=False,
+                  disable=args.no_progress) as bar:
+            for nbytes in sizes:
+                for backend in backends:
+                    try:
+                        rows.append(bandwidth.measure(nbytes, backend=backend, **kw))
+                    except (ImportError, TypeError, RuntimeError) as exc:
+                        if args.device == "cuda" and backend == backends[0]:
+                            raise SystemExit(f"mlcomm bench --kernels --device cuda: {exc}")
+                        print(f"# {backend}: skipped ({exc})", file=sys.stderr)
+                    bar.update(1)
         rows = [dict(r) if not isinstance(r, dict) else r for r in rows]
         _wait_quietly(comm)
     else:
@@ -170,12 +192,19 @@ def run(args) -> int:
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
-    dtype = parse_dtype(args.dtype)
+    try:
+        dtype = parse_dtype(args.dtype)
+    except TypeError as exc:
+        raise SystemExit(f"mlcomm bench: error: unknown --dtype {args.dtype!r}: {exc}") from None
     if args.kernels:
         return _run_kernels(args, comm, dtype)
     placements = {"in": (True,), "both": (False, True)}.get(args.placement, (False,))
+    try:
+        algorithms, sizes = resolve_algorithms(args.algorithms), _sizes(args, dtype.itemsize)
+    except ValueError as exc:
+        raise SystemExit(f"mlcomm bench: error: {exc}") from None
     cfg = BenchConfig(
-        algorithms=resolve_algorithms(args.algorithms), sizes=_sizes(args, dtype.itemsize),
+        algorithms=algorithms, sizes=sizes,
         dtype=dtype, op=args.op, placements=placements, iters=args.iters,
         warmup=args.warmup, quick=args.quick, check=args.check, device=args.device,
         progress=not args.no_progress, corrupt=os.environ.get("MLCOMM_BENCH_CORRUPT") or None)

@@ -99,14 +99,18 @@ def format_kernels(rows) -> str:
     """Return kernel-bandwidth rows (dicts) as a text table, columns from the first row."""
     if not rows:
         return "# no kernel measurements\n"
+    rows = [{(k[:-2] + "_us" if k.endswith("_s") else k):
+             (v * 1e6 if k.endswith("_s") and isinstance(v, float) else v)
+             for k, v in r.items()} for r in rows]
     keys = list(rows[0])
-    def cell(v):
+
+    def cell(k, v):
         if isinstance(v, float):
-            return f"{v:.3f}"
-        if isinstance(v, int) and not isinstance(v, bool) and v >= 1024:
-            return format_size(v) if v % 1024 == 0 else str(v)
+            return f"{v:.1f}" if k.endswith("_us") else f"{v:.3f}"
+        if "bytes" in k and isinstance(v, int) and not isinstance(v, bool):
+            return format_size(v)
         return str(v)
-    cells = [[cell(r.get(k)) for k in keys] for r in rows]
+    cells = [[cell(k, r.get(k)) for k in keys] for r in rows]
     widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
     lines = ["# " + "  ".join(k.rjust(w) for k, w in zip(keys, widths))]
     lines += ["  " + "  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]

@@ -1,0 +1,181 @@
+"""``mlcomm bench``: sizes, reports, plots, and real mpiexec runs with --check."""
+
+import csv
+import io
+import json
+
+import pytest
+
+from mlcomm.benchmark.harness import (EXTRA_KEYS, RECORD_KEYS, band_summary, default_iters,
+                                      parse_size, size_list)
+from mlcomm.benchmark.report import format_csv, format_json, format_table
+
+from conftest import mpirun
+
+BENCH = ["-m", "mlcomm.cli", "bench", "--no-progress"]
+FAST = ["--min-bytes", "8", "--max-bytes", "4K", "--factor", "8", "--iters", "3",
+        "--warmup", "1"]
+
+
+def _algorithms():
+    from mlcomm.algorithms import ALGORITHMS
+    return {n for n, a in ALGORITHMS.items() if a.collective == "allreduce"}
+
+
+# ----------------------------------------------------------------- no MPI job
+
+@pytest.mark.parametrize("text, n", [("8", 8), ("64K", 65536), ("16M", 16 << 20),
+                                     ("1G", 1 << 30), ("4KiB", 4096), ("2kb", 2048), (5, 5)])
+def test_parse_size(text, n):
+    assert parse_size(text) == n
+
+
+@pytest.mark.parametrize("bad", ["", "8X", "-1", "1.5M"])
+def test_parse_size_rejects(bad):
+    with pytest.raises(ValueError):
+        parse_size(bad)
+
+
+def test_size_list():
+    assert size_list(8, 64, 2, 4) == [8, 16, 32, 64]
+    assert size_list(1, 16, 2, 4) == [4, 8, 16]          # whole elements, no repeats
+    assert size_list(0, 8, 4, 8) == [0, 8]
+    assert size_list(8, 8 << 20, 4, 1)[-1] == 8 << 20
+    with pytest.raises(ValueError):
+        size_list(8, 64, 1, 4)
+
+
+def test_default_iters_shrink_with_size():
+    small, large = default_iters(8), default_iters(64 << 20)
+    assert small[0] > large[0] >= 1 and small[1] >= 1
+    assert default_iters(8, quick=True)[0] <= small[0]
+
+
+def _fake(alg, nbytes, t, ranks=4, in_place=False):
+    algbw = nbytes / (t * 1e-6) / 1e9
+    return {"algorithm": alg, "ranks": ranks, "bytes": nbytes, "count": nbytes // 4,
+            "dtype": "float32", "op": "sum", "in_place": in_place, "time_us_avg": t,
+            "time_us_min": t * 0.9, "time_us_max": t * 1.1, "algbw_gbps": algbw,
+            "busbw_gbps": algbw * 2 * (ranks - 1) / ranks, "ratio_to_mpi": None, "wrong": 0,
+            "iters": 10, "device": "cpu", "peak_rss_mib": 50.0}
+
+
+def _fake_sweep():
+    recs = []
+    for n, tm in ((8, 10.0), (1024, 20.0), (65536, 100.0), (4 << 20, 5000.0)):
+        for alg, f in (("mpi", 1.0), ("ring", 1.5 if n < 2048 else 0.7), ("naive", 3.0),
+                       ("auto", 1.2)):
+            r = _fake(alg, n, tm * f)
+            r["ratio_to_mpi"] = f
+            recs.append(r)
+    return recs
+
+
+def test_band_summary_picks_best_non_auto():
+    s = {b["band"]: b for b in band_summary(_fake_sweep())}
+    assert set(s) == {"<=1 KiB", "<=1 MiB", ">1 MiB"}
+    assert s["<=1 KiB"]["best"] == "ring" and s["<=1 KiB"]["ratio"] == pytest.approx(1.5)
+    assert s["<=1 MiB"]["best"] == "ring" and s["<=1 MiB"]["ratio"] == pytest.approx(0.7)
+    assert s[">1 MiB"]["auto"] == pytest.approx(1.2)
+
+
+def test_report_formats():
+    recs = _fake_sweep()
+    rows = list(csv.DictReader(io.StringIO(format_csv(recs))))
+    assert len(rows) == len(recs)
+    assert list(rows[0]) == list(RECORD_KEYS) + list(EXTRA_KEYS)
+    data = json.loads(format_json(recs))
+    assert [set(d) for d in data] == [set(RECORD_KEYS) | set(EXTRA_KEYS)] * len(recs)
+    table = format_table(recs)
+    assert "busbw(GB/s)" in table and "#wrong" in table
+    assert "<=1 KiB" in table and "best ring" in table
+
+
+def test_plots_written(tmp_path):
+    from mlcomm.benchmark.plot import plot_sweep, plot_vs_ranks
+    recs = _fake_sweep()
+    a = plot_sweep(recs, tmp_path / "sweep.png")
+    more = recs + [dict(r, ranks=2) for r in recs]
+    b = plot_vs_ranks(more, tmp_path / "ranks.png", small=8, large=4 << 20)
+    for p in (a, b):
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
+
+
+# ----------------------------------------------------------------- mpiexec jobs
+
+def test_bench_json_and_plot_n2(tmp_path):
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    proc = mpirun(2, BENCH + FAST + ["--check", "--output", out, "--plot", png], timeout=240)
+    data = json.loads(out.read_text())
+    algs = _algorithms()
+    assert {d["algorithm"] for d in data} == algs
+    sizes = sorted({d["bytes"] for d in data})
+    assert sizes == [8, 64, 512, 4096]
+    assert len(data) == len(sizes) * len(algs)
+    for d in data:
+        assert set(RECORD_KEYS) <= set(d)
+        assert d["ranks"] == 2 and d["dtype"] == "float32" and d["op"] == "sum"
+        assert d["in_place"] is False and d["count"] == d["bytes"] // 4
+        assert d["wrong"] == 0, d
+        assert 0 < d["time_us_min"] <= d["time_us_avg"] <= d["time_us_max"]
+        assert d["busbw_gbps"] == pytest.approx(d["algbw_gbps"] * 2 * 1 / 2)
+        assert d["peak_rss_mib"] > 0
+        if d["algorithm"] == "mpi":
+            assert d["ratio_to_mpi"] == pytest.approx(1.0)
+    assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 10_000
+    # rank 0 printed the table once, with every algorithm
+    assert proc.stdout.count("# mlcomm bench") == 1
+    for alg in algs:
+        assert f" {alg} " in proc.stdout
+    assert "# check: 0 wrong elements OK" in proc.stdout
+    assert "# summary" in proc.stdout and "<=1 KiB" in proc.stdout
+
+
+def test_bench_csv_both_placements_n3():
+    proc = mpirun(3, BENCH + FAST + ["--algorithms", "ring,recursive_doubling", "--both",
+                                     "--dtype", "int32", "--op", "max", "--check",
+                                     "--format", "csv"], timeout=240)
+    rows = list(csv.DictReader(io.StringIO(proc.stdout)))
+    assert list(rows[0]) == list(RECORD_KEYS) + list(EXTRA_KEYS)
+    assert len(rows) == 4 * 2 * 3                      # sizes x placements x algorithms
+    assert {r["algorithm"] for r in rows} == {"mpi", "ring", "recursive_doubling"}
+    assert {r["in_place"] for r in rows} == {"True", "False"}
+    assert {r["ranks"] for r in rows} == {"3"}
+    assert {r["dtype"] for r in rows} == {"int32"} and {r["wrong"] for r in rows} == {"0"}
+
+
+@pytest.mark.parametrize("nprocs, dtype, op, target", [
+    (3, "float32", "sum", "ring"),            # tolerance path, MPI baseline
+    (2, "int64", "bxor", "1"),                # exact path, first non-mpi algorithm
+    (3, "bfloat16", "avg", "recursive_halving_doubling"),  # local reference (MPI cannot)
+])
+def test_check_catches_corrupted_result(nprocs, dtype, op, target):
+    algs = "ring,recursive_halving_doubling"
+    proc = mpirun(nprocs, BENCH + FAST + ["--algorithms", algs, "--dtype", dtype, "--op", op,
+                                          "--check", "--format", "json"],
+                  env={"MLCOMM_BENCH_CORRUPT": target}, timeout=240, check=False)
+    assert proc.returncode != 0, proc.stdout + proc.stderr    # a failed check fails the run
+    data = json.loads(proc.stdout)
+    corrupted = "ring" if target == "1" else target
+    for d in data:
+        if d["algorithm"] == corrupted:
+            assert d["wrong"] == 1, d                 # one element on one rank
+        elif d["algorithm"] == "mpi" and op == "avg":
+            assert d["wrong"] is None                 # MPI cannot average bfloat16: timing only
+        else:
+            assert d["wrong"] == 0, d
+
+
+def test_bench_rejects_unknown_algorithm():
+    proc = mpirun(2, BENCH + ["--algorithms", "nonesuch", "--quick"], timeout=120, check=False)
+    assert proc.returncode != 0 and "nonesuch" in proc.stderr
+
+
+def test_bench_cuda_without_gpu_fails_clearly():
+    try:
+        import cupy  # noqa: F401
+        pytest.skip("CuPy is installed: the no-GPU error path is not reachable")
+    except ImportError:
+        pass
+    proc = mpirun(2, BENCH + ["--device", "cuda", "--quick"], timeout=120, check=False)
+    assert proc.returncode != 0 and "--device cuda needs CuPy" in proc.stdout + proc.stderr
