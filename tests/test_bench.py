@@ -101,6 +101,19 @@ def test_plots_written(tmp_path):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
 
 
+def test_model_lines_only_with_a_calibrated_profile(tmp_path, monkeypatch):
+    from mlcomm.benchmark.plot import model_times, plot_sweep
+    monkeypatch.setenv("MLCOMM_PROFILE", str(tmp_path / "missing.json"))
+    assert model_times(["mpi", "ring"], 4, [8, 1024]) is None     # built-in defaults: no model
+    prof = tmp_path / "profile.json"
+    prof.write_text(json.dumps({"version": 1, "alpha": 2e-5, "beta": 5e-10, "gamma": 1e-10}))
+    monkeypatch.setenv("MLCOMM_PROFILE", str(prof))
+    m = model_times(["mpi", "ring", "naive", "auto"], 4, [8, 1024])
+    assert set(m) == {"ring", "naive"} and all(len(v) == 2 and v[0] > 0 for v in m.values())
+    path = plot_sweep(_fake_sweep(), tmp_path / "model.png")
+    assert path.stat().st_size > 10_000
+
+
 # ----------------------------------------------------------------- mpiexec jobs
 
 def test_bench_json_and_plot_n2(tmp_path):

@@ -89,7 +89,7 @@ def default_iters(nbytes: int, quick: bool = False) -> tuple[int, int]:
     """Return ``(iters, warmup)`` for one size: many for small messages, few for large."""
     cap, budget, floor = (40, 8 << 20, 3) if quick else (200, 64 << 20, 5)
     iters = max(floor, min(cap, budget // max(nbytes, 1)))
-    return iters, max(floor, iters // 4)
+    return iters, max(1 if quick else 2, iters // 4)
 
 
 def peak_rss_mib() -> float:

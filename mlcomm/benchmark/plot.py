@@ -98,8 +98,10 @@ def plot_sweep(records, path, *, title=None, model=True):
             sizes = sorted({r["bytes"] for r in rows})
             ax_t.plot(sizes, [t * 1e6 for t in predicted[alg]], linestyle="--",
                       color=st["color"], linewidth=1, alpha=0.8)
+    from matplotlib.ticker import FuncFormatter
     for ax in (ax_t, ax_b):
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _short(x)))
         ax.set_xlabel("message size (bytes)")
         ax.grid(True, which="both", alpha=0.3)
     ax_t.set_yscale("log")
@@ -159,3 +161,11 @@ def _fmt(n):
         if n >= 1 << k and n % (1 << k) == 0:
             return f"{n >> k} {unit}"
     return f"{n} B" if not math.isnan(n) else "?"
+
+
+def _short(x):
+    n = int(round(x))
+    for unit, k in (("G", 30), ("M", 20), ("K", 10)):
+        if n >= 1 << k and n % (1 << k) == 0:
+            return f"{n >> k}{unit}"
+    return str(n)
