@@ -220,7 +220,8 @@ def run(args) -> int:
         if args.plot:
             from .plot import plot_sweep
             plot_sweep(records, args.plot)
-            print(f"# wrote {args.plot}", file=sys.stderr if fmt != "table" else sys.stdout)
+            to = sys.stdout if fmt == "table" or args.output else sys.stderr
+            print(f"# wrote {args.plot}", file=to)
         if args.output:
             print(f"# wrote {args.output}")
         sys.stdout.flush()
