@@ -10,7 +10,8 @@ Each compressor packs a float vector into a ``uint8`` byte string
   else uint32) then ``k`` float32 values; with error feedback (the part not sent
   is kept and added to the next gradient).
 - ``qsgd:LEVELS``: one float32 scale (this worker's L2 norm) then ``n`` signed
-  int8 levels (int16 above 127 levels), stochastically rounded (Alistarh et al.).
+  levels, stochastically rounded (Alistarh et al.): two 4-bit levels per byte
+  up to 7 levels, int8 up to 127, int16 above.
 """
 
 from __future__ import annotations
@@ -119,11 +120,23 @@ class QSGD(Compressor):
             low = np.floor(r)
             level = low + (self.rng.random(vec.size) < (r - low))
             q = (np.sign(vec) * level).astype(self.qtype)
+        if self.levels <= 7:  # two signed 4-bit levels per byte
+            nib = (q.astype(np.int16) + 8).astype(np.uint8)
+            if nib.size % 2:
+                nib = np.append(nib, np.uint8(8))
+            q = nib[0::2] | (nib[1::2] << 4)
         return np.concatenate([np.array([norm], np.float32).view(np.uint8), q.view(np.uint8)])
 
     def decompress_add(self, payload, out):
         norm = payload[:4].view(np.float32)[0]
-        q = payload[4:].view(self.qtype)
+        if self.levels <= 7:
+            packed = payload[4:]
+            q = np.empty(2 * packed.size, np.int16)
+            q[0::2] = (packed & 15).astype(np.int16) - 8
+            q[1::2] = (packed >> 4).astype(np.int16) - 8
+            q = q[:out.size]
+        else:
+            q = payload[4:].view(self.qtype)
         out += (q.astype(np.float64) * (float(norm) / self.levels)).astype(out.dtype)
 
     def state(self):

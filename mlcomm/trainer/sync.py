@@ -40,7 +40,7 @@ def wire_bytes(algorithm: str, size: int, rank: int, count: int, itemsize: int) 
     """Return the bytes ``rank`` sends in one all-reduce of ``count`` elements.
 
     Counted from the algorithm's schedule; for ``mpi``/``auto`` (no schedule of
-    ours) the ring's 2(p-1)/p * n is used as the model.
+    ours, or an ``auto`` choice of ``mpi``) the ring's 2(p-1)/p * n is used as the model.
     """
     key = (algorithm, size, rank, count, itemsize)
     if key not in _WIRE_CACHE:
@@ -48,7 +48,11 @@ def wire_bytes(algorithm: str, size: int, rank: int, count: int, itemsize: int) 
         if size > 1:
             try:
                 from mlcomm.algorithms import ALGORITHMS, resolve
-                algo = ALGORITHMS[resolve(algorithm)]
+                name = resolve(algorithm)
+                if name == "auto":
+                    from mlcomm.select import auto_choice
+                    name = auto_choice("allreduce", size, count * itemsize)
+                algo = ALGORITHMS[name]
                 if algo.build is not None:
                     sched = algo.build(rank, size, count, itemsize)
                     total = sum(tr.region.count for st in sched.steps for tr in st.transfers
@@ -484,12 +488,14 @@ class AsyncPS(_Mode):
         from .compress import get_compressor
         decoders = [get_compressor(c.cfg.compress) for _ in range(self.size)]
         done, applied, st = 0, 0, MPI.Status()
+        self.bytes_sent = 0
         while done < self.workers:
             self.comm.Probe(MPI.ANY_SOURCE, MPI.ANY_TAG, st)
             src, tag = st.Get_source(), st.Get_tag()
             if tag == TAG_PULL:
                 self.comm.Recv([np.zeros(0, np.uint8), MPI.BYTE], src, TAG_PULL)
                 self.comm.Send(shard, src, TAG_PARAMS)
+                self.bytes_sent += shard.nbytes
             elif tag == TAG_PUSH:
                 msg, _ = _recv_bytes(self.comm, src, TAG_PUSH)
                 step = _unpack_header(msg)[0]

@@ -309,6 +309,7 @@ def _train(cfg, comm):
     try:
         if not mode.is_worker:
             mode.serve()
+            total_bytes = mode.bytes_sent
         else:
             while step < cfg.steps:
                 if step == crash_at and ctx.rank == 0:
