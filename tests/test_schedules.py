@@ -1,0 +1,121 @@
+"""Every algorithm's schedules, run by the local executor and checked exactly."""
+
+import copy
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from mlcomm.algorithms import ALGORITHMS, COLLECTIVES, build_schedules
+from mlcomm.algorithms._pieces import binary_tree
+from mlcomm.local import ScheduleError, check_collective
+from mlcomm.schedule import Recv
+
+HAND_WRITTEN = sorted(name for name, a in ALGORITHMS.items() if a.build is not None)
+PRIME = 101
+
+
+def counts_for(p):
+    return sorted({0, 1, max(p - 1, 0), p, p + 1, PRIME})
+
+
+@pytest.mark.parametrize("name", HAND_WRITTEN)
+@pytest.mark.parametrize("p", range(1, 65))
+def test_allreduce_exact(name, p):
+    for count in counts_for(p):
+        schedules = build_schedules(name, p, count)
+        check_collective(schedules)
+        if count in (p + 1, PRIME):
+            check_collective(schedules, in_place=True)
+
+
+@pytest.mark.parametrize("name", HAND_WRITTEN)
+@pytest.mark.parametrize("p", [2, 3, 5, 8, 13, 64])
+def test_allreduce_large_count(name, p):
+    check_collective(build_schedules(name, p, 100_003), in_place=True)
+
+
+@pytest.mark.parametrize("p", [96, 128, 255, 256])
+@pytest.mark.parametrize("name", HAND_WRITTEN)
+def test_allreduce_many_ranks(name, p):
+    if name in ("naive", "single_master", "parameter_server"):
+        count = 7
+    else:
+        count = 3 * p + 1
+    check_collective(build_schedules(name, p, count))
+
+
+@settings(max_examples=60, deadline=None)
+@given(p=st.integers(1, 24), count=st.integers(0, 300), seg=st.integers(1, 64),
+       k=st.integers(1, 24), root=st.integers(0, 23), in_place=st.booleans())
+def test_options_property(p, count, seg, k, root, in_place):
+    check_collective(build_schedules("ring", p, count, segment_bytes=8 * seg), in_place=in_place)
+    check_collective(build_schedules("double_binary_tree", p, count, chunk_bytes=8 * seg),
+                     in_place=in_place)
+    check_collective(build_schedules("parameter_server", p, count, servers=min(k, p)),
+                     in_place=in_place)
+    check_collective(build_schedules("single_master", p, count, root=root % p), in_place=in_place)
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "bcast", "reduce"])
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 7, 8, 16, 33])
+def test_other_collectives_exact(collective, p):
+    for name, algo in COLLECTIVES[collective].items():
+        if algo.build is None:
+            continue
+        for count in (0, 1, 5, 17):
+            roots = range(p) if collective in ("bcast", "reduce") else [0]
+            for root in roots:
+                opts = {"root": root} if collective in ("bcast", "reduce") else {}
+                check_collective(build_schedules(name, p, count, collective=collective, **opts),
+                                 collective, root=root)
+
+
+def test_checker_catches_a_lost_reduction():
+    schedules = build_schedules("ring", 4, 8)
+    broken = copy.deepcopy(schedules)
+    step = next(s for s in broken[2].steps if s.ops)
+    step.ops.pop()
+    with pytest.raises(ScheduleError):
+        check_collective(broken)
+
+
+def test_checker_catches_a_deadlock():
+    schedules = build_schedules("recursive_doubling", 4, 8)
+    broken = copy.deepcopy(schedules)
+    # rank 0 receives where it should send: both partners wait forever
+    first = broken[0].steps[1]
+    first.transfers = [Recv(t.peer, t.region) for t in first.transfers]
+    with pytest.raises(ScheduleError, match="deadlock|overlaps"):
+        check_collective(broken)
+
+
+def test_checker_catches_a_missized_message():
+    broken = build_schedules("ring", 3, 9)
+    step = broken[1].steps[0]
+    t = step.transfers[0]
+    step.transfers[0] = type(t)(t.peer, t.region.sub(0, t.region.count - 1))
+    with pytest.raises(ScheduleError, match="elements"):
+        check_collective(broken)
+
+
+@pytest.mark.parametrize("p", [2, 4, 6, 8, 16, 64])
+def test_double_binary_tree_interior_ranks_are_disjoint_for_even_p(p):
+    t0, t1 = binary_tree(p, 0), binary_tree(p, 1)
+    assert not (t0.interior() & t1.interior())
+    assert all(len(c) <= 2 for c in t0.children + t1.children)
+
+
+@pytest.mark.parametrize("p,count", [(8, 1 << 20), (5, 1000), (16, 4096)])
+def test_cost_tables_from_schedules(p, count):
+    """Rounds and per-rank volume of the bandwidth-optimal algorithms match the notes."""
+    def sent(schedules):
+        return [sum(t.region.count for _, t in s.transfers() if not isinstance(t, Recv))
+                for s in schedules]
+    ring = build_schedules("ring", p, count)
+    assert max(len(s.steps) for s in ring) == 2 * (p - 1)
+    assert max(sent(ring)) <= 2 * (p - 1) * -(-count // p)
+    if p & (p - 1) == 0:
+        rhd = build_schedules("recursive_halving_doubling", p, count)
+        assert max(sent(rhd)) == 2 * (p - 1) * count // p
+        rd = build_schedules("recursive_doubling", p, count)
+        assert max(sent(rd)) == count * (p.bit_length() - 1)
