@@ -58,14 +58,14 @@ def _is_device(a):
     return type(a).__name__ in ("FakeCUDAArray", "DeviceNDArray", "MappedNDArray")
 
 
-def select_backend(dst, src=None):
-    """Return the backend name ``reduce_into`` would use for these arrays."""
+def select_backend(dst, src=None, op=None):
+    """Return the backend name ``reduce_into`` would use for these arrays (and op)."""
     if isinstance(dst, np.ndarray):
         forced = _forced_cpu()
         if forced == "numpy":
             return "numpy"
         nb = _numba_backend()
-        if not nb or not nb.supports(dst.dtype):
+        if not nb or not nb.supports(dst.dtype, op):
             return "numpy"
         if src is not None and not nb.contiguous_pair(dst, src):
             return "numpy"
@@ -126,14 +126,15 @@ def reduce_into(dst, src, op, *, backend=None, stream=None, dtype=None):
             return dst
         if not dst.flags.writeable:
             raise ValueError("reduce_into: dst is read-only")
-        name = backend or select_backend(dst, src)
+        name = backend or select_backend(dst, src, op)
         if name == "numba":
             nb = _module("numba")
-            if nb.supports(dst.dtype) and nb.contiguous_pair(dst, src):
+            if nb.supports(dst.dtype, op) and nb.contiguous_pair(dst, src):
                 nb.reduce_into(dst, src, op)
                 return dst
             name = "numpy"
         if name != "numpy":
+            _module(name)  # an unknown name raises here
             raise ValueError(f"backend {name!r} cannot reduce NumPy arrays")
         numpy_backend.reduce_into(dst, src, op)
         return dst
@@ -161,9 +162,10 @@ def finalize(dst, op, nranks, *, backend=None, stream=None, dtype=None):
         check_op(dst.dtype, op)
         if dst.size == 0:
             return dst
-        name = backend or select_backend(dst, dst)
-        if name == "numba":
-            _module("numba").finalize(dst, op, nranks)
+        name = backend or select_backend(dst, dst, op)
+        nb = _module("numba") if name == "numba" else None
+        if nb is not None and nb.supports(dst.dtype) and nb.contiguous_pair(dst, dst):
+            nb.finalize(dst, op, nranks)
         else:
             numpy_backend.finalize(dst, op, nranks)
         return dst

@@ -46,9 +46,15 @@ def available():
                   f"threading layer {numba.config.THREADING_LAYER}")
 
 
-def supports(dtype):
-    """Return True when this backend has a kernel for ``dtype`` (not float16/bfloat16)."""
-    return numba is not None and dtype in _NATIVE
+def supports(dtype, op=None):
+    """Return True when this backend has a kernel for ``dtype`` (and ``op`` when given).
+
+    float16/bfloat16 have none, and complex prod is left to NumPy, whose C99 rules for
+    infinite and signed-zero operands a plain Numba multiply does not follow bit for bit.
+    """
+    if numba is None or dtype not in _NATIVE:
+        return False
+    return not (op == "prod" and dtype.kind == "c")
 
 
 def _local_size():

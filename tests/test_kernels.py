@@ -1,0 +1,439 @@
+"""Reduction kernels: every op x dtype against an exact reference, NumPy vs Numba bit for bit."""
+
+import math
+import zlib
+from fractions import Fraction
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import mlcomm.kernels as K
+from mlcomm.kernels import bandwidth, numba_backend, numpy_backend
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+ALL_DTYPES = [np.dtype(n) if n != "bfloat16" else BF16 for n in K.DTYPES]
+VALID = [(dt, op) for dt in ALL_DTYPES for op in K.OPS if K.is_supported(dt, op)]
+NUMBA_VALID = [(dt, op) for dt, op in VALID if numba_backend.supports(dt, op)]
+
+
+def _ids(pairs):
+    return [f"{dt}-{op}" for dt, op in pairs]
+
+
+# --- data --------------------------------------------------------------------------------
+
+def _data(dtype, n, seed):
+    """Return two arrays of ``n`` elements with edge values first, random values after."""
+    rng = np.random.default_rng(seed)
+    kind = K.dtype_kind(dtype)
+    if kind == "b":
+        return rng.integers(0, 2, n).astype(bool), rng.integers(0, 2, n).astype(bool)
+    if kind in "iu":
+        info = np.iinfo(dtype)
+        edge = [info.min, info.max, 0, 1, info.max, info.min, 2, 3, 0]
+        edge = [v for v in edge if info.min <= v <= info.max]
+        if kind == "i":
+            edge += [-1, info.min, -1, info.max]
+        a = rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+        b = rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+        m = min(len(edge), n)
+        a[:m] = np.array(edge[:m], dtype=dtype)
+        b[:m] = np.array(edge[::-1][:m], dtype=dtype)
+        b[m:m + 8] = rng.integers(0, 3, 8)  # small values so land/lor/prod see 0 and 1
+        return a, b
+    real = np.float32 if dtype in (np.dtype(np.float16), BF16) else \
+        (np.float32 if dtype == np.dtype(np.complex64) else np.float64)
+    big = float(np.finfo(dtype).max) if dtype != BF16 else float(ml_dtypes.finfo(BF16).max)
+    tiny = float(np.finfo(dtype).smallest_subnormal) if dtype != BF16 else \
+        float(ml_dtypes.finfo(BF16).smallest_subnormal)
+    edge_a = [0.0, -0.0, 0.0, -0.0, np.inf, -np.inf, np.inf, np.nan, 1.0, np.nan, big, -big,
+              tiny, 1.0, -tiny, 3.0]
+    edge_b = [-0.0, 0.0, 0.0, -0.0, -np.inf, 1.0, np.inf, 2.0, np.nan, np.nan, big, big,
+              tiny, -1.0, tiny, 3.0]
+    scale = rng.choice([1e-3, 1.0, 1e3], n)
+    ra = rng.standard_normal(n) * scale
+    rb = rng.standard_normal(n) * scale
+    m = min(16, n)
+    ra[:m] = edge_a[:m]
+    rb[:m] = edge_b[:m]
+    if K.dtype_kind(dtype) == "c":
+        ia = rng.standard_normal(n)
+        ib = rng.standard_normal(n)
+        ia[:m] = edge_b[:m]
+        ib[:m] = edge_a[:m]
+        a, b = np.empty(n, dtype), np.empty(n, dtype)
+        with np.errstate(all="ignore"):
+            a.real, a.imag, b.real, b.imag = (x.astype(real) for x in (ra, ia, rb, ib))
+        return a, b
+    with np.errstate(all="ignore"):
+        return ra.astype(dtype), rb.astype(dtype)
+
+
+# --- exact references --------------------------------------------------------------------
+
+def _round64(x):
+    """Round an exact Fraction to the nearest float64 (inf on overflow)."""
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf if x > 0 else -math.inf
+
+
+def _exact_f64(a, b, op):
+    """Correctly rounded float64 sum/product of float64 arrays (Fractions where finite)."""
+    out = np.empty(a.shape, np.float64)
+    with np.errstate(all="ignore"):
+        fallback = np.add(a, b) if op == "sum" else np.multiply(a, b)
+    for i, (x, y) in enumerate(zip(a.tolist(), b.tolist())):
+        if math.isfinite(x) and math.isfinite(y):
+            fx, fy = Fraction(x), Fraction(y)
+            r = fx + fy if op == "sum" else fx * fy
+            v = _round64(r)
+            if v == 0.0:  # keep the IEEE sign of an exact zero
+                v = fallback[i]
+            out[i] = v
+        else:
+            out[i] = fallback[i]
+    return out
+
+
+def _reference(a, b, op):
+    """Return ``a op b`` computed in a wider type and rounded once to ``a.dtype``."""
+    dt = a.dtype
+    kind = K.dtype_kind(dt)
+    if op == "avg":
+        op = "sum"
+    if kind in "iub":
+        bits = dt.itemsize * 8
+        xs, ys = a.tolist(), b.tolist()
+        fn = {
+            "sum": lambda x, y: x + y, "prod": lambda x, y: x * y,
+            "min": min, "max": max,
+            "band": lambda x, y: x & y, "bor": lambda x, y: x | y, "bxor": lambda x, y: x ^ y,
+            "land": lambda x, y: int(bool(x) and bool(y)),
+            "lor": lambda x, y: int(bool(x) or bool(y)),
+        }[op]
+        vals = [int(fn(int(x), int(y))) for x, y in zip(xs, ys)]
+        if kind == "b":
+            return np.array(vals, dtype=np.uint8).astype(bool)
+        vals = [v % (1 << bits) for v in vals]
+        if kind == "i":
+            vals = [v - (1 << bits) if v >= 1 << (bits - 1) else v for v in vals]
+        return np.array(vals, dtype=dt)
+    if op in ("min", "max"):
+        wa, wb = a.astype(np.float64), b.astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            if dt == np.dtype(np.float16):  # NumPy's float16 keeps a on ties
+                keep = (wa <= wb) if op == "min" else (wa >= wb)
+            else:
+                keep = (wa < wb) if op == "min" else (wa > wb)
+        keep |= np.isnan(wa)
+        return np.where(keep, a, b)
+    if kind == "c":
+        real = np.float32 if dt == np.dtype(np.complex64) else np.float64
+        ra, rb = a.view(real).reshape(-1, 2), b.view(real).reshape(-1, 2)
+        if op == "sum":
+            out = np.stack([_reference(ra[:, 0], rb[:, 0], "sum"),
+                            _reference(ra[:, 1], rb[:, 1], "sum")], axis=1)
+            return out.reshape(-1).view(dt)
+        with np.errstate(all="ignore"):  # prod: not exact in any dtype; see _close_complex
+            return (a.astype(np.complex128) * b.astype(np.complex128)).astype(dt)
+    if dt == np.dtype(np.float64):
+        return _exact_f64(a, b, op)
+    with np.errstate(all="ignore"):  # float16/bfloat16/float32: exact in float64, round once
+        wa, wb = a.astype(np.float64), b.astype(np.float64)
+        w = wa + wb if op == "sum" else wa * wb
+        return w.astype(np.float32).astype(dt) if dt == BF16 else w.astype(dt)
+
+
+def _bits(x):
+    return x.view(np.dtype(f"u{x.dtype.itemsize}")) if x.dtype.kind != "c" else \
+        x.view(np.dtype(f"u{x.dtype.itemsize // 2}"))
+
+
+def _real_view(x):
+    if x.dtype.kind == "c":
+        return x.view(np.float32 if x.dtype == np.dtype(np.complex64) else np.float64)
+    return x
+
+
+def assert_same_bits(got, want, nan_bits=True):
+    """Assert bitwise equality; NaNs only need to be NaN when ``nan_bits`` is False."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    g, w = _bits(got).reshape(-1), _bits(want).reshape(-1)
+    if not nan_bits and K.dtype_kind(got.dtype) in "fc":
+        with np.errstate(invalid="ignore"):
+            both = (np.isnan(_real_view(got).astype(np.float64)) &
+                    np.isnan(_real_view(want).astype(np.float64))).reshape(-1)
+        g, w = g[~both], w[~both]
+    bad = np.flatnonzero(g != w)
+    assert bad.size == 0, (f"{bad.size} elements differ, first at {bad[:5]}: "
+                           f"got {_real_view(got).reshape(-1)[bad[:5]]} "
+                           f"want {_real_view(want).reshape(-1)[bad[:5]]}")
+
+
+def _close_complex(got, a, b):
+    """|got - a*b| within a few ulps of |a||b| (complex prod is not exactly rounded)."""
+    eps = np.finfo(got.dtype).eps
+    wa, wb = a.astype(np.complex128), b.astype(np.complex128)
+    with np.errstate(all="ignore"):
+        want = wa * wb
+        err = np.abs(got.astype(np.complex128) - want)
+        bound = 4 * eps * np.abs(wa) * np.abs(wb) + np.finfo(got.dtype).tiny
+        finite = np.isfinite(want) & np.isfinite(got)
+    assert np.all(err[finite] <= bound[finite])
+
+
+# --- every op x dtype, per backend --------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,op", VALID, ids=_ids(VALID))
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_reduce_matches_reference(dtype, op, backend):
+    # backend="numba" on a pair Numba has no kernel for (float16, bfloat16, complex prod)
+    # checks that reduce_into falls back to NumPy correctly.
+    a, b = _data(dtype, 203, seed=zlib.crc32(f"{dtype}{op}".encode()))
+    dst, b0 = a.copy(), b.copy()
+    out = K.reduce_into(dst, b, op, backend=backend)
+    assert out is dst
+    if K.dtype_kind(dtype) == "c" and op == "prod":
+        _close_complex(dst, a, b)
+    else:
+        # NaN payloads are whatever the hardware makes; every other bit must match.
+        assert_same_bits(dst, _reference(a, b, op), nan_bits=False)
+    assert_same_bits(b, b0)  # src untouched
+
+
+@pytest.mark.parametrize("dtype,op", NUMBA_VALID, ids=_ids(NUMBA_VALID))
+def test_numba_equals_numpy_bitwise(dtype, op):
+    a, b = _data(dtype, 5003, seed=7)
+    x, y = a.copy(), a.copy()
+    numpy_backend.reduce_into(x, b, op)
+    numba_backend.reduce_into(y, b, op)
+    assert_same_bits(y, x, nan_bits=True)
+
+
+def test_every_claimed_pair_is_tested():
+    """The matrix above covers exactly the pairs check_op accepts, on every dtype."""
+    assert {str(d) for d, _ in VALID} == set(K.DTYPES)
+    per_op = {op: sum(1 for _, o in VALID if o == op) for op in K.OPS}
+    assert per_op == {"sum": 14, "prod": 14, "avg": 6, "min": 12, "max": 12, "band": 9,
+                      "bor": 9, "bxor": 9, "land": 9, "lor": 9}
+
+
+# --- layouts, dispatch, API errors ---------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_multidim_and_fortran_order(backend):
+    a = np.arange(60, dtype=np.int32).reshape(3, 4, 5)
+    b = np.ones_like(a)
+    x = a.copy()
+    K.reduce_into(x, b, "sum", backend=backend)
+    np.testing.assert_array_equal(x, a + 1)
+    f = np.asfortranarray(a)
+    K.reduce_into(f, np.asfortranarray(b) * 3, "prod", backend=backend)
+    np.testing.assert_array_equal(f, a * 3)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba", None])
+def test_strided_views(backend):
+    base = np.arange(40, dtype=np.float64)
+    dst = base[::2]
+    src = np.arange(100, 120, dtype=np.float64)[::-1]
+    K.reduce_into(dst, src, "max", backend=backend)
+    np.testing.assert_array_equal(base[::2], np.maximum(np.arange(0, 40, 2), src))
+    np.testing.assert_array_equal(base[1::2], np.arange(1, 40, 2))  # untouched
+
+
+def test_zero_size_and_bfloat16_bits_reinterpretation():
+    K.reduce_into(np.empty(0, np.float32), np.empty(0, np.float32), "sum")
+    a = np.array([1.5, -2.0, 3.0], BF16)
+    b = np.array([0.25, 2.0, 1e30], BF16)
+    x = a.view(np.uint16).copy()
+    K.reduce_into(x, b.view(np.uint16), "sum", dtype="bfloat16")
+    assert_same_bits(x.view(BF16), a + b)
+
+
+def test_argument_errors():
+    with pytest.raises(ValueError, match="differ in shape or dtype"):
+        K.reduce_into(np.zeros(3), np.zeros(4), "sum")
+    with pytest.raises(ValueError, match="differ in shape or dtype"):
+        K.reduce_into(np.zeros(3), np.zeros(3, np.float32), "sum")
+    ro = np.zeros(3)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        K.reduce_into(ro, np.zeros(3), "sum")
+    with pytest.raises(ValueError, match="unknown reduction op"):
+        K.reduce_into(np.zeros(3), np.zeros(3), "median")
+    with pytest.raises(TypeError, match="max needs"):
+        K.reduce_into(np.zeros(3, complex), np.zeros(3, complex), "max")
+    with pytest.raises(TypeError, match="NumPy arrays or CUDA device arrays"):
+        K.reduce_into([1, 2], [3, 4], "sum")
+    with pytest.raises(ValueError, match="unknown kernel backend"):
+        K.reduce_into(np.zeros(3), np.zeros(3), "sum", backend="fortran")
+
+
+def test_select_backend_and_env(monkeypatch):
+    monkeypatch.delenv("MLCOMM_KERNEL", raising=False)
+    small = np.zeros(16, np.float32)
+    large = np.zeros(K.NUMBA_MIN_BYTES // 4, np.float32)
+    assert K.select_backend(small) == "numpy"
+    assert K.select_backend(large) == "numba"
+    assert K.select_backend(np.zeros(K.NUMBA_MIN_BYTES, np.float16)) == "numpy"
+    assert K.select_backend(np.zeros(K.NUMBA_MIN_BYTES, BF16)) == "numpy"
+    monkeypatch.setenv("MLCOMM_KERNEL", "numpy")
+    assert K.select_backend(large) == "numpy"
+    monkeypatch.setenv("MLCOMM_KERNEL", "numba")
+    assert K.select_backend(small) == "numba"
+    assert K.select_backend(np.zeros(16, np.float16)) == "numpy"
+    x = small + 1
+    K.reduce_into(x, small + 2, "sum")
+    np.testing.assert_array_equal(x, 3)
+    monkeypatch.setenv("MLCOMM_KERNEL", "cobol")
+    with pytest.raises(ValueError, match="MLCOMM_KERNEL"):
+        K.select_backend(small)
+
+
+def test_backends_report():
+    info = K.backends()
+    assert list(info) == list(K.BACKENDS)
+    assert info["numpy"]["available"] and info["numba"]["available"]
+    for entry in info.values():
+        assert set(entry) == {"available", "detail"} and isinstance(entry["detail"], str)
+
+
+@pytest.mark.parametrize("env,cpus,expect", [
+    ({}, 8, 8), ({"MPI_LOCALNRANKS": "3"}, 8, 2), ({"OMPI_COMM_WORLD_LOCAL_SIZE": "16"}, 8, 1),
+    ({"SLURM_NTASKS_PER_NODE": "4(x2)"}, 8, 2), ({"MLCOMM_NUM_THREADS": "1"}, 8, 1),
+])
+def test_thread_count(monkeypatch, env, cpus, expect):
+    for var in numba_backend._LOCAL_SIZE_VARS + ("MLCOMM_NUM_THREADS",):
+        monkeypatch.delenv(var, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(numba_backend.os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    monkeypatch.setattr(numba_backend.numba.config, "NUMBA_NUM_THREADS", 64)
+    monkeypatch.setattr(numba_backend, "_threads", None)
+    assert numba_backend.num_threads() == expect
+    monkeypatch.setattr(numba_backend, "_threads", None)
+
+
+# --- check_op ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,op,words", [
+    (np.complex64, "max", ["max", "complex64", "abs()"]),
+    (np.complex128, "min", ["min", "complex128", "not ordered"]),
+    (np.float32, "bxor", ["bxor", "float32", "view"]),
+    (BF16, "band", ["band", "bfloat16", "unsigned integer"]),
+    (np.float64, "land", ["land", "float64", "!= 0"]),
+    (np.int32, "avg", ["avg", "int32", "floating or complex", "sum"]),
+    (np.uint8, "avg", ["avg", "uint8", "sum"]),
+    (np.bool_, "sum", ["sum", "bool", "lor"]),
+    (np.bool_, "prod", ["prod", "bool", "land"]),
+    (np.bool_, "max", ["max", "bool", "lor"]),
+    (np.bool_, "avg", ["avg", "bool"]),
+    (np.longdouble, "sum", ["sum", "fall back to MPI"]),
+    (np.dtype(">i4"), "sum", ["sum", "byte order"]),
+    (np.dtype([("a", "i4")]), "sum", ["sum", "no mlcomm kernel"]),
+])
+def test_check_op_errors(dtype, op, words):
+    with pytest.raises(TypeError) as err:
+        K.check_op(dtype, op)
+    for word in words:
+        assert word in str(err.value)
+    assert not K.is_supported(dtype, op)
+
+
+def test_check_op_accepts_and_names():
+    for dt, op in VALID:
+        assert K.check_op(dt, op) is None
+    assert K.check_op("float32", "SUM") is None and K.check_op(np.int8, "MPI_BXOR") is None
+    assert K.normalize_op("logical_or") == "lor" and K.normalize_op("mean") == "avg"
+    with pytest.raises(ValueError, match="choose one of sum, prod"):
+        K.check_op(np.float32, "median")
+    assert not K.is_supported(np.float32, "median")
+    assert not K.is_supported(object, "sum")
+    assert K.OPS == ("sum", "prod", "min", "max", "avg", "band", "bor", "bxor", "land", "lor")
+
+
+# --- finalize ------------------------------------------------------------------------------
+
+AVG_DTYPES = [d for d, op in VALID if op == "avg"]
+
+
+@pytest.mark.parametrize("dtype", AVG_DTYPES, ids=[str(d) for d in AVG_DTYPES])
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("nranks", [1, 3, 7, 257])
+def test_finalize_avg(dtype, backend, nranks):
+    a, _ = _data(dtype, 101, seed=3)
+    x = a.copy()
+    K.finalize(x, "avg", nranks, backend=backend)
+    if K.dtype_kind(dtype) == "c":
+        real = np.float32 if dtype == np.dtype(np.complex64) else np.float64
+        got, src = x.view(real), a.view(real)
+    else:
+        got, src = x, a
+    if got.dtype == np.dtype(np.float64):
+        want = np.array([math.copysign(_round64(Fraction(v) / nranks), v)
+                         if math.isfinite(v) else v / nranks for v in src.tolist()])
+    else:  # exact in float64, then one rounding
+        want = (src.astype(np.float64) / nranks).astype(np.float32).astype(got.dtype) \
+            if got.dtype == BF16 else (src.astype(np.float64) / nranks).astype(got.dtype)
+    assert_same_bits(got, want, nan_bits=False)
+
+
+def test_finalize_other_ops_untouched():
+    x = np.arange(5, dtype=np.int32)
+    for op in ("sum", "max", "bxor"):
+        K.finalize(x, op, 4)
+    np.testing.assert_array_equal(x, np.arange(5))
+    with pytest.raises(TypeError, match="avg"):
+        K.finalize(np.arange(5), "avg", 4)
+
+
+# --- property test -------------------------------------------------------------------------
+
+PROP_DTYPES = [np.dtype(t) for t in (np.int8, np.uint16, np.int64, np.uint64, np.float32,
+                                     np.float64, np.complex64, np.bool_)]
+
+
+@st.composite
+def _case(draw):
+    dtype = draw(st.sampled_from(PROP_DTYPES))
+    op = draw(st.sampled_from([op for op in K.OPS if K.is_supported(dtype, op)]))
+    n = draw(st.integers(0, 64))
+    elements = None
+    if dtype.kind == "f":
+        elements = st.floats(width=dtype.itemsize * 8, allow_nan=True, allow_infinity=True)
+    a = draw(hnp.arrays(dtype, n, elements=elements))
+    b = draw(hnp.arrays(dtype, n, elements=elements))
+    return dtype, op, a, b
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_case())
+def test_property_backends_agree_with_reference(case):
+    dtype, op, a, b = case
+    x, y = a.copy(), a.copy()
+    K.reduce_into(x, b, op, backend="numpy")
+    K.reduce_into(y, b, op, backend="numba")
+    assert_same_bits(y, x)
+    if dtype.kind == "c" and op == "prod":
+        return
+    assert_same_bits(x, _reference(a, b, op), nan_bits=False)
+
+
+# --- bandwidth -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_bandwidth_measure(backend):
+    r = bandwidth.measure(1 << 16, "float32", "sum", backend=backend, repeat=2)
+    assert r["backend"] == backend and r["nbytes"] == 1 << 16 and r["count"] == 1 << 14
+    assert r["reduce_gbps"] > 0 and r["copy_gbps"] > 0
+    assert r["ratio"] == pytest.approx(r["reduce_gbps"] / r["copy_gbps"])
+    assert r["reduce_gbps"] == pytest.approx(3 * r["nbytes"] / r["reduce_s"] / 1e9)
+    with pytest.raises(TypeError):
+        bandwidth.measure(1024, "complex64", "max")
