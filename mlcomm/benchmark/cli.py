@@ -202,7 +202,7 @@ def run(args) -> int:
     try:
         algorithms, sizes = resolve_algorithms(args.algorithms), _sizes(args, dtype.itemsize)
     except ValueError as exc:
-        raise SystemExit(f"mlcomm bench: error: {exc}") from None
+        raise SystemExit(f"mlcomm bench: error: {exc}" if rank == 0 else 2) from None
     cfg = BenchConfig(
         algorithms=algorithms, sizes=sizes,
         dtype=dtype, op=args.op, placements=placements, iters=args.iters,
