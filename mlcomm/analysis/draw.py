@@ -1,0 +1,199 @@
+"""Draw a schedule round by round, as the slides do.
+
+Ranks are rows, rounds are columns.  Each cell shows what one rank holds of
+the vector after that round: one box per element, coloured by whose
+contributions it sums (a rank's own colour, a blend for a partial sum, black
+when every rank is in it).  Arrows are the messages that complete in that
+round.  The drawing comes from running the schedule symbolically: every
+buffer slot carries the vector index it stands for and a count of each
+rank's contributions, so partial sums in scratch are shown at their place
+in the vector too, and a double-counted contribution shows in red.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..schedule import INPUT, OUTPUT, SCRATCH, Copy, Recv, Reduce, Send
+from .simulator import UNIT_NETWORK, compile_schedules, simulate
+
+__all__ = ["trace", "draw_schedule"]
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+class _State:
+    """One rank's buffers: per slot, the vector index and the contribution counts."""
+
+    def __init__(self, sched, rank, p):
+        n_in, n_out, n_scr = sched.input_count, sched.output_count, sched.scratch_count
+        self.idx = {INPUT: np.arange(n_in), OUTPUT: np.full(n_out, -1),
+                    SCRATCH: np.full(n_scr, -1)}
+        self.cnt = {INPUT: np.zeros((n_in, p), np.int64), OUTPUT: np.zeros((n_out, p), np.int64),
+                    SCRATCH: np.zeros((n_scr, p), np.int64)}
+        self.cnt[INPUT][:, rank] = 1
+
+    def read(self, region):
+        sl = slice(region.offset, region.stop)
+        return self.idx[region.buffer][sl].copy(), self.cnt[region.buffer][sl].copy()
+
+    def write(self, region, idx, cnt):
+        sl = slice(region.offset, region.stop)
+        self.idx[region.buffer][sl] = idx
+        self.cnt[region.buffer][sl] = cnt
+
+    def apply(self, op):
+        idx, cnt = self.read(op.src)
+        if type(op) is Copy:
+            self.write(op.dst, idx, cnt)
+        elif type(op) is Reduce:
+            didx, dcnt = self.read(op.dst)
+            self.write(op.dst, np.where(didx >= 0, didx, idx), dcnt + cnt)
+
+    def view(self, count):
+        """Per vector index, the fullest partial sum this rank holds anywhere (output first)."""
+        cnt = np.zeros((count, self.cnt[INPUT].shape[1]), np.int64)
+        best = np.full(count, -1)
+        for buf in (OUTPUT, SCRATCH, INPUT):
+            for slot, i in enumerate(self.idx[buf]):
+                if 0 <= i < count:
+                    c = self.cnt[buf][slot]
+                    k = int((c > 0).sum())
+                    if k > best[i]:
+                        best[i], cnt[i] = k, c
+        return cnt
+
+
+def trace(schedules):
+    """Run ``schedules`` symbolically; return ``(views, messages)``.
+
+    ``views[t][r]`` is rank r's (count, p) contribution counts after round t
+    (t = 0 is the start).  ``messages[t]`` lists ``(src, dst, indices, counts)``
+    for the messages that complete in round t.
+    """
+    p = len(schedules)
+    count = schedules[0].input_count if p else 0
+    prog = compile_schedules(schedules, 1)
+    unit = simulate(prog, UNIT_NETWORK)
+    rounds = int(round(unit.seconds))
+    # the same per-pair posting order as compile_schedules, with the regions kept
+    sends, recvs, steps = [], [], []
+    for r, sched in enumerate(schedules):
+        for step in sched.steps:
+            for tr in step.transfers:
+                (sends if type(tr) is Send else recvs).append(
+                    (r, tr.peer, tr.region) if type(tr) is Send else (tr.peer, r, tr.region))
+            steps.append((r, step))
+    skey = sorted(range(len(sends)), key=lambda i: (sends[i][0], sends[i][1], i))
+    rkey = sorted(range(len(recvs)), key=lambda i: (recvs[i][0], recvs[i][1], i))
+    pairs = [(sends[a], recvs[b]) for a, b in zip(skey, rkey)]
+    states = [_State(s, r, p) for r, s in enumerate(schedules)]
+    msg_round = np.rint(unit.msg_end).astype(int)
+    step_round = np.rint(unit.step_done).astype(int)
+    for g in np.flatnonzero(step_round == 0):  # local ops before any message (copies)
+        r, step = steps[g]
+        for op in step.ops:
+            states[r].apply(op)
+    views = [[st.view(count) for st in states]]
+    messages = [[]]
+    for t in range(1, rounds + 1):
+        arrived = []
+        for m in np.flatnonzero(msg_round == t):
+            (s, d, sreg), (_, _, rreg) = pairs[m]
+            idx, cnt = states[s].read(sreg)
+            arrived.append((s, d, rreg, idx, cnt))
+        for s, d, rreg, idx, cnt in arrived:
+            states[d].write(rreg, idx, cnt)
+        messages.append([(s, d, idx, cnt) for s, d, _, idx, cnt in arrived])
+        for g in np.flatnonzero(step_round == t):
+            r, step = steps[g]
+            for op in step.ops:
+                states[r].apply(op)
+        views.append([st.view(count) for st in states])
+    return views, messages
+
+
+def _colours(p):
+    import matplotlib
+    cmap = matplotlib.colormaps["tab10" if p <= 10 else "tab20"]
+    return np.array([cmap(q % cmap.N)[:3] for q in range(p)])
+
+
+def _box_colour(c, base):
+    """Colour and text of one element box from its contribution counts."""
+    who = np.flatnonzero(c > 0)
+    p = len(c)
+    if len(who) == 0:
+        return (0.93, 0.93, 0.93), ""
+    if (c > 1).any():
+        return (1.0, 0.0, 0.0), "2x"
+    if len(who) == p:
+        return (0.1, 0.1, 0.1), "Σ"
+    colour = base[who].mean(axis=0) * 0.75 + 0.25
+    text = "".join(_LETTERS[q] for q in who) if p <= 8 else f"{len(who)}/{p}"
+    return tuple(colour), text
+
+
+def draw_schedule(schedules, path, title: str | None = None) -> None:
+    """Draw ``schedules`` (every rank's, small p) round by round into the image file ``path``."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch, Rectangle
+
+    views, messages = trace(schedules)
+    p = len(schedules)
+    count = schedules[0].input_count
+    rounds = len(views) - 1
+    base = _colours(p)
+    box, gap_x, row_h = 1.0, 2.2, 1.7
+    cell_w = count * box + gap_x
+    fig_w = min(60, 1.2 + (rounds + 1) * (count * 0.32 + 0.8))
+    fig_h = 1.3 + p * 0.62
+    fig, ax = plt.subplots(figsize=(fig_w, fig_h))
+
+    def x0(t):
+        return t * cell_w
+
+    def y0(r):
+        return (p - 1 - r) * row_h
+
+    for t, view in enumerate(views):
+        for r in range(p):
+            for i in range(count):
+                colour, text = _box_colour(view[r][i], base)
+                ax.add_patch(Rectangle((x0(t) + i * box, y0(r)), box, box, facecolor=colour,
+                                       edgecolor="white", linewidth=0.8))
+                if text and count <= 24:
+                    dark = sum(colour) < 1.4
+                    ax.text(x0(t) + (i + 0.5) * box, y0(r) + 0.5 * box, text, ha="center",
+                            va="center", fontsize=7 if len(text) < 4 else 5,
+                            color="white" if dark else "black")
+        ax.text(x0(t) + count * box / 2, y0(0) + box + 0.35, "start" if t == 0 else f"round {t}",
+                ha="center", va="bottom", fontsize=8)
+    for r in range(p):
+        ax.text(-0.4, y0(r) + box / 2, f"rank {r}", ha="right", va="center", fontsize=8)
+    for t in range(1, rounds + 1):
+        for s, d, idx, cnt in messages[t]:
+            known = idx[idx >= 0]
+            centre = (known.mean() + 0.5) * box if len(known) else count * box / 2
+            colour, _ = _box_colour(cnt[0] if len(cnt) else np.zeros(p, np.int64), base)
+            ax.annotate("", xy=(x0(t) + centre, y0(d) + box / 2),
+                        xytext=(x0(t - 1) + centre, y0(s) + box / 2),
+                        arrowprops=dict(arrowstyle="-|>", color=colour, alpha=0.8, lw=1.2,
+                                        shrinkA=4, shrinkB=4, connectionstyle="arc3,rad=0.08"))
+    handles = [Patch(facecolor=tuple(base[q]), label=f"{_LETTERS[q] if p <= 26 else q}: rank {q}")
+               for q in range(min(p, 10))]
+    handles += [Patch(facecolor=(0.1, 0.1, 0.1), label="Σ all ranks"),
+                Patch(facecolor=(0.93, 0.93, 0.93), edgecolor="grey", label="not yet held")]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.01),
+              ncol=min(len(handles), 7), fontsize=7, frameon=False)
+    ax.set_xlim(-2.8, x0(rounds) + count * box + 0.3)
+    ax.set_ylim(-0.4, y0(0) + box + 1.0)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
