@@ -289,9 +289,9 @@ def as_device(a, dtype, view=None):
     view = dtype if view is None else np.dtype(view)
     cai = getattr(a, "__cuda_array_interface__", None)
     if cai is None:  # a Numba (simulator) device array
-        flat = a.reshape(a.size) if len(a.shape) != 1 else a
-        if not (flat.is_c_contiguous() if hasattr(flat, "is_c_contiguous") else True):
+        if not a.is_c_contiguous():
             raise ValueError("device buffers must be C-contiguous")
+        flat = a.reshape(a.size) if len(a.shape) != 1 else a
         return flat if np.dtype(flat.dtype) == view else flat.view(view)
     itemsize = np.dtype(cai["typestr"]).itemsize
     nbytes = _nbytes_and_check(cai, itemsize)

@@ -1,0 +1,214 @@
+"""GPU kernels: Numba CUDA under the simulator (always), CuPy and real Numba CUDA on a GPU.
+
+The simulator must be switched on before Numba is imported, so those checks run this file as
+a script in a subprocess with ``NUMBA_ENABLE_CUDASIM=1``; the pytest process itself never turns
+the simulator on. GPU-only tests skip without a GPU and fail instead when ``MLCOMM_TEST_GPU=1``.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+GPU_REQUIRED = os.environ.get("MLCOMM_TEST_GPU") == "1"
+
+
+# --- the checks, shared by the simulator subprocess and the real-GPU tests ------------------
+
+def _pairs():
+    import mlcomm.kernels as K
+    from mlcomm.kernels.ops import supported_dtypes
+    return [(dt, op) for dt in supported_dtypes() for op in K.OPS if K.is_supported(dt, op)]
+
+
+def _case(dtype, n, seed):
+    """Two host arrays with edge values (signed zeros, inf, NaN, extremes) and random data."""
+    import ml_dtypes
+    rng = np.random.default_rng(seed)
+    kind = dtype.kind
+    if dtype == np.dtype(ml_dtypes.bfloat16):
+        kind = "f"
+    if kind == "b":
+        return rng.integers(0, 2, n).astype(bool), rng.integers(0, 2, n).astype(bool)
+    if kind in "iu":
+        info = np.iinfo(dtype)
+        a = rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+        b = rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+        a[:4] = [info.min, info.max, 0, 1]
+        b[:4] = [info.max, info.max, 5, 0]
+        b[4:12] = rng.integers(0, 3, 8)
+        return a, b
+    edge_a = [0.0, -0.0, 0.0, np.inf, -np.inf, np.nan, 1.0, 3.0, 1e30, -7.5]
+    edge_b = [-0.0, 0.0, 0.0, -np.inf, 2.0, 1.0, np.nan, 3.0, 1e30, 0.125]
+    ra = rng.standard_normal(n) * rng.choice([1e-3, 1.0, 1e3], n)
+    rb = rng.standard_normal(n) * rng.choice([1e-3, 1.0, 1e3], n)
+    ra[:10], rb[:10] = edge_a, edge_b
+    with np.errstate(all="ignore"):
+        if kind == "c":
+            a, b = np.empty(n, dtype), np.empty(n, dtype)
+            a.real, a.imag, b.real, b.imag = ra, rb[::-1], rb, ra[::-1]
+            return a, b
+        return ra.astype(dtype), rb.astype(dtype)
+
+
+def _bits(x):
+    width = x.dtype.itemsize // (2 if x.dtype.kind == "c" else 1)
+    return x.view(np.dtype(f"u{width}")).reshape(-1)
+
+
+def _nan_mask(x):
+    import ml_dtypes
+    if x.dtype == np.dtype(ml_dtypes.bfloat16) or x.dtype.kind == "f":
+        return np.isnan(x.astype(np.float64)).reshape(-1)
+    if x.dtype.kind == "c":
+        real = x.view(np.float32 if x.dtype == np.dtype(np.complex64) else np.float64)
+        return np.isnan(real).reshape(-1)
+    return np.zeros(_bits(x).size, bool)
+
+
+def _compare(got, want, exact_nans):
+    """Return None when bit-identical (NaNs only NaN unless ``exact_nans``), else a message."""
+    g, w = _bits(got), _bits(want)
+    if not exact_nans:
+        keep = ~(_nan_mask(got) & _nan_mask(want))
+        g, w = g[keep], w[keep]
+    bad = np.flatnonzero(g != w)
+    return None if bad.size == 0 else f"{bad.size} differ, first bit patterns " \
+        f"{g[bad[:3]].tolist()} vs {w[bad[:3]].tolist()}"
+
+
+def run_checks(to_device, to_host, backend, exact_nans, n=150):
+    """Reduce every (dtype, op) pair on the device and compare with the NumPy backend.
+
+    ``to_device(host) -> device array`` and ``to_host(device) -> host array`` adapt Numba or
+    CuPy. bfloat16 travels as raw uint16 bits with ``dtype="bfloat16"``. Returns failures.
+    """
+    import ml_dtypes
+    import mlcomm.kernels as K
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    failures = []
+    for i, (dt, op) in enumerate(_pairs()):
+        a, b = _case(dt, n, seed=i)
+        want = a.copy()
+        K.reduce_into(want, b, op, backend="numpy")
+        raw = np.uint16 if dt == bf16 else dt
+        d, s = to_device(a.view(raw)), to_device(b.view(raw))
+        K.reduce_into(d, s, op, backend=backend, dtype=dt)
+        got = to_host(d).view(dt)
+        if dt.kind == "c" and op == "prod":  # not exactly rounded anywhere: a few ulps
+            with np.errstate(all="ignore"):
+                ref = a.astype(np.complex128) * b.astype(np.complex128)
+                err = np.abs(got.astype(np.complex128) - ref)
+                bound = 8 * np.finfo(dt).eps * np.abs(a) * np.abs(b) + np.finfo(dt).tiny
+                fin = np.isfinite(ref) & np.isfinite(got)
+            msg = None if np.all(err[fin] <= bound[fin]) else "complex prod out of tolerance"
+        else:
+            msg = _compare(got, want, exact_nans)
+        if msg:
+            failures.append(f"reduce {dt} {op}: {msg}")
+        if op == "avg":
+            for nranks in (3, 257):
+                want2 = want.copy()
+                K.finalize(want2, "avg", nranks, backend="numpy")
+                d2 = to_device(want.view(raw))
+                K.finalize(d2, "avg", nranks, backend=backend, dtype=dt)
+                msg = _compare(to_host(d2).view(dt), want2, exact_nans)
+                if msg:
+                    failures.append(f"finalize {dt} avg/{nranks}: {msg}")
+    return failures
+
+
+def _simulator_main():
+    """Run in a subprocess with NUMBA_ENABLE_CUDASIM=1; print a JSON report."""
+    import warnings
+    warnings.simplefilter("ignore")  # NumPy scalar overflow warnings inside simulated threads
+    from numba import config, cuda
+    assert config.ENABLE_CUDASIM, "NUMBA_ENABLE_CUDASIM=1 was not set"
+    import mlcomm.kernels as K
+    from mlcomm.kernels import cuda_backend
+
+    report = {"backends": K.backends()["cuda"], "pairs": len(_pairs())}
+    failures = run_checks(cuda.to_device, lambda d: d.copy_to_host(), "cuda", exact_nans=True)
+
+    # automatic selection, multi-dimensional arrays, a stream, 2-D bool, plain dtypes
+    a = np.arange(24, dtype=np.int16).reshape(4, 6)
+    d = cuda.to_device(a)
+    if K.select_backend(d) != "cuda":
+        failures.append(f"select_backend gave {K.select_backend(d)}")
+    stream = cuda.stream()
+    K.reduce_into(d, cuda.to_device(a * 2), "sum", stream=stream)
+    stream.synchronize()
+    if not np.array_equal(d.copy_to_host(), a * 3):
+        failures.append("2-D int16 sum on a stream")
+    flags = cuda.to_device(np.array([[True, False], [True, True]]))
+    K.reduce_into(flags, cuda.to_device(np.array([[True, True], [False, True]])), "land")
+    if not np.array_equal(flags.copy_to_host(), [[True, False], [False, True]]):
+        failures.append("2-D bool land")
+    # errors raised before any launch
+    for bad, exc in ((lambda: K.reduce_into(d, d, "bxor", dtype="float32"), TypeError),
+                     (lambda: K.reduce_into(d, cuda.to_device(np.zeros(3, np.int16)), "sum"),
+                      ValueError),
+                     (lambda: K.reduce_into(d[:, ::2], d[:, ::2], "sum"), ValueError)):
+        try:
+            bad()
+            failures.append(f"no {exc.__name__} raised")
+        except exc:
+            pass
+    report["threads"] = cuda_backend.THREADS
+    report["failures"] = failures
+    print("CUDASIM-REPORT " + json.dumps(report))
+
+
+# --- pytest side ---------------------------------------------------------------------------
+
+def test_numba_cuda_kernels_under_simulator():
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, __file__, "--simulator"], capture_output=True,
+                          text=True, timeout=600, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("CUDASIM-REPORT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads(lines[-1].split(" ", 1)[1])
+    assert report["backends"]["available"], report
+    assert report["pairs"] == 103, report
+    assert report["failures"] == [], report["failures"]
+
+
+def _gpu_or_skip(what):
+    """Return None when a GPU is usable for ``what``; skip (or fail under MLCOMM_TEST_GPU=1)."""
+    import mlcomm.kernels as K
+    info = K.backends()[what]
+    if not info["available"]:
+        msg = f"{what} backend unavailable: {info['detail']}"
+        if GPU_REQUIRED:
+            pytest.fail(f"MLCOMM_TEST_GPU=1 but {msg}")
+        pytest.skip(msg)
+
+
+def test_cupy_kernels_on_gpu():
+    _gpu_or_skip("cupy")
+    import cupy
+    failures = run_checks(cupy.asarray, cupy.asnumpy, "cupy", exact_nans=False)
+    assert failures == []
+    x = cupy.arange(10, dtype=cupy.float32)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    import mlcomm.kernels as K
+    assert K.select_backend(x) == "cupy"
+    K.reduce_into(x, x, "sum", stream=stream)
+    stream.synchronize()
+    assert cupy.asnumpy(x).tolist() == [2.0 * i for i in range(10)]
+
+
+def test_numba_cuda_kernels_on_gpu():
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        pytest.skip("this process runs the simulator; the subprocess test covers it")
+    _gpu_or_skip("cuda")
+    from numba import cuda
+    failures = run_checks(cuda.to_device, lambda d: d.copy_to_host(), "cuda", exact_nans=False)
+    assert failures == []
+
+
+if __name__ == "__main__" and "--simulator" in sys.argv:
+    _simulator_main()
