@@ -9,9 +9,9 @@ Each compressor packs a float vector into a ``uint8`` byte string
 - ``topk:RATIO``: ``k`` indices (uint16 when the vector has < 65536 entries,
   else uint32) then ``k`` float32 values; with error feedback (the part not sent
   is kept and added to the next gradient).
-- ``qsgd:LEVELS``: one float32 scale (this worker's L2 norm) then ``n`` signed
-  levels, stochastically rounded (Alistarh et al.): two 4-bit levels per byte
-  up to 7 levels, int8 up to 127, int16 above.
+- ``qsgd:LEVELS``: one float32 scale (the L2 norm) per bucket of 512 entries,
+  then ``n`` signed levels, stochastically rounded (Alistarh et al.): two 4-bit
+  levels per byte up to 7 levels, int8 up to 127, int16 above.
 """
 
 from __future__ import annotations
@@ -103,41 +103,55 @@ class TopK(Compressor):
 
 
 class QSGD(Compressor):
-    """Stochastic quantisation to ``levels`` levels of |g|/||g||, with the sign."""
+    """Stochastic quantisation of |g|/||g|| to ``levels`` levels, with the sign, per bucket.
 
-    def __init__(self, levels: int, seed: int = 0):
+    As in Alistarh et al., the vector is cut into buckets of ``bucket`` entries,
+    each with its own float32 norm, which keeps the variance bounded.
+    """
+
+    def __init__(self, levels: int, seed: int = 0, bucket: int = 512):
         self.levels = int(levels)
+        self.bucket = int(bucket)
         self.name = f"qsgd:{levels}"
         self.qtype = np.int8 if self.levels <= 127 else np.int16
         self.rng = np.random.default_rng([seed, 31])
 
+    def _nb(self, n):
+        return -(-n // self.bucket)
+
     def compress(self, vec):
-        norm = np.float32(np.linalg.norm(vec.astype(np.float64)))
-        if norm == 0:
-            q = np.zeros(vec.size, self.qtype)
-        else:
-            r = np.abs(vec).astype(np.float64) / float(norm) * self.levels
-            low = np.floor(r)
-            level = low + (self.rng.random(vec.size) < (r - low))
-            q = (np.sign(vec) * level).astype(self.qtype)
+        n, b = vec.size, self.bucket
+        nb = self._nb(n)
+        padded = np.zeros(nb * b, np.float64)
+        padded[:n] = vec
+        blocks = padded.reshape(nb, b)
+        norms = np.linalg.norm(blocks, axis=1).astype(np.float32)
+        safe = np.where(norms > 0, norms, 1).astype(np.float64)
+        r = np.abs(blocks) / safe[:, None] * self.levels
+        low = np.floor(r)
+        level = low + (self.rng.random(r.shape) < (r - low))
+        q = (np.sign(blocks) * level).reshape(-1)[:n].astype(self.qtype)
         if self.levels <= 7:  # two signed 4-bit levels per byte
             nib = (q.astype(np.int16) + 8).astype(np.uint8)
             if nib.size % 2:
                 nib = np.append(nib, np.uint8(8))
             q = nib[0::2] | (nib[1::2] << 4)
-        return np.concatenate([np.array([norm], np.float32).view(np.uint8), q.view(np.uint8)])
+        return np.concatenate([norms.view(np.uint8), q.view(np.uint8)])
 
     def decompress_add(self, payload, out):
-        norm = payload[:4].view(np.float32)[0]
+        n, b = out.size, self.bucket
+        nb = self._nb(n)
+        norms = payload[:4 * nb].view(np.float32).astype(np.float64)
+        body = payload[4 * nb:]
         if self.levels <= 7:
-            packed = payload[4:]
-            q = np.empty(2 * packed.size, np.int16)
-            q[0::2] = (packed & 15).astype(np.int16) - 8
-            q[1::2] = (packed >> 4).astype(np.int16) - 8
-            q = q[:out.size]
+            q = np.empty(2 * body.size, np.int16)
+            q[0::2] = (body & 15).astype(np.int16) - 8
+            q[1::2] = (body >> 4).astype(np.int16) - 8
+            q = q[:n]
         else:
-            q = payload[4:].view(self.qtype)
-        out += (q.astype(np.float64) * (float(norm) / self.levels)).astype(out.dtype)
+            q = body.view(self.qtype)
+        scale = np.repeat(norms / self.levels, b)[:n]
+        out += (q * scale).astype(out.dtype)
 
     def state(self):
         import json

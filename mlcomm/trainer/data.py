@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,13 +35,26 @@ def _split(x, y, test_fraction, seed):
     return x[train], y[train], x[test], y[test]
 
 
+@functools.lru_cache(maxsize=1)
+def _digits_arrays():
+    """Read scikit-learn's bundled digits.csv.gz directly (importing sklearn takes seconds)."""
+    spec = importlib.util.find_spec("sklearn")
+    path = None
+    if spec is not None and spec.submodule_search_locations:
+        path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz")
+    if path and os.path.exists(path):
+        raw = np.loadtxt(path, delimiter=",")
+        x, y = raw[:, :-1], raw[:, -1]
+    else:
+        from sklearn.datasets import load_digits as _load
+        bunch = _load()
+        x, y = bunch.data, bunch.target
+    return x.astype(np.float64) / 16.0, y.astype(np.int64)
+
+
 def load_digits(*, seed: int = 0, test_fraction: float = 0.25, dtype=np.float32) -> Dataset:
     """Return scikit-learn's bundled 8x8 digits (1797 images, offline), standardised."""
-    from sklearn.datasets import load_digits as _load
-
-    bunch = _load()
-    x = bunch.data.astype(np.float64) / 16.0
-    y = bunch.target.astype(np.int64)
+    x, y = _digits_arrays()
     x_tr, y_tr, x_te, y_te = _split(x, y, test_fraction, seed)
     mean, std = x_tr.mean(axis=0), x_tr.std(axis=0) + 1e-6
     x_tr, x_te = (x_tr - mean) / std, (x_te - mean) / std

@@ -71,7 +71,7 @@ class TrainResult:
     params: np.ndarray
     step: int
     test_accuracy: float
-    metrics: list = field(default_factory=list)
+    metrics: list = field(default_factory=list)   # the logging rank's rows, on every rank
     stopped: bool = False              # stopped early by SIGTERM (a checkpoint was written)
     bytes_sent: int = 0                # by this rank, over the whole run
     wall_s: float = 0.0
@@ -367,7 +367,7 @@ def _train(cfg, comm):
         if cfg.metrics:
             write_metrics(cfg.metrics, rows, {**_meta(ctx, step), "config": _jsonable(cfg),
                                               "stopped": stopped, "wall_s": wall})
-    acc = comm.bcast(acc, root=mode.logger_rank)
+    acc, rows = comm.bcast((acc, rows), root=mode.logger_rank)
     return TrainResult(params=ctx.params, step=step, test_accuracy=acc, metrics=rows,
                        stopped=stopped, bytes_sent=total_bytes, wall_s=wall, config=cfg)
 
