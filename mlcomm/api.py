@@ -21,11 +21,11 @@ IN_PLACE = MPI.IN_PLACE
 
 def _comm(comm):
     comm = MPI.COMM_WORLD if comm is None else comm
+    if isinstance(comm, MPI.Comm) and comm == MPI.COMM_NULL:
+        raise ValueError("comm is MPI.COMM_NULL; pass a valid communicator")
     if not isinstance(comm, MPI.Intracomm):
         raise TypeError(f"comm must be an mpi4py intracommunicator, got {type(comm).__name__}; "
                         f"use MPI.COMM_WORLD, comm.Split(...) or an Intercomm's Merge()")
-    if comm == MPI.COMM_NULL:
-        raise ValueError("comm is MPI.COMM_NULL; pass a valid communicator")
     return comm
 
 

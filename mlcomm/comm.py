@@ -41,7 +41,7 @@ def _as_array(spec):
         arr = np.frombuffer(obj, dtype=np.dtype(view.format)) if view.format != "B" \
             else np.frombuffer(obj, np.uint8)
     if datatype is not None:
-        if not datatype.Is_predefined():
+        if not datatype.is_predefined:
             return None
         dtype = dtlib.to_numpy_dtype(datatype)
         if dtype != arr.dtype:

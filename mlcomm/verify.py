@@ -16,6 +16,7 @@ __all__ = ["DTYPES", "OPS", "reference", "close", "verify"]
 
 DTYPES = ("int8", "int32", "int64", "uint16", "float16", "bfloat16", "float32", "float64",
           "complex128")
+_NARROW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 OPS = ("sum", "prod", "min", "max", "avg", "band", "bor", "bxor", "land", "lor")
 
 
@@ -41,11 +42,12 @@ def sample(dtype, op, count, rank, seed=0):
 
 def reference(comm, x, op):
     """``MPI_Allreduce`` of ``x``; types MPI cannot reduce go through float64/complex128."""
-    wide = x
-    if x.dtype.kind == "f" and x.dtype.itemsize < 4:
-        wide = x.astype(np.float64)
+    wide = x.astype(np.float64) if x.dtype in _NARROW_FLOATS else x
     out = np.empty_like(wide)
     mpi_op = {"avg": MPI.SUM}.get(op) or getattr(MPI, op.upper())
+    if x.dtype == np.bool_:  # MPI defines only the logical ops on C bool
+        mpi_op = {"band": MPI.LAND, "bor": MPI.LOR, "bxor": MPI.LXOR,
+                  "min": MPI.LAND, "max": MPI.LOR}.get(op, mpi_op)
     comm.Allreduce(wide, out, mpi_op)
     if op == "avg":
         out = out / comm.Get_size()
@@ -84,7 +86,7 @@ def verify(comm=None, algorithms=None, dtypes=DTYPES, ops=OPS, counts=None, seed
             for op in ops:
                 if not kernels.is_supported(dtype, op):
                     continue
-                if name == MPI_NATIVE and (dtype.kind == "f" and dtype.itemsize < 4):
+                if name == MPI_NATIVE and dtype in _NARROW_FLOATS:
                     continue
                 for count in counts:
                     x = sample(dtype, op, count, rank, seed)

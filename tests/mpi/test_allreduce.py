@@ -1,0 +1,173 @@
+"""Every algorithm against MPI_Allreduce on the job's communicator."""
+
+import array
+import zlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mlcomm
+from mlcomm.verify import close, reference, sample
+
+from mpi_helpers import COMM, agree
+
+pytestmark = pytest.mark.mpi
+P, RANK = COMM.Get_size(), COMM.Get_rank()
+ALGOS = sorted(mlcomm.ALGORITHMS)
+COUNTS = sorted({0, 1, max(P - 1, 1), P, P + 1, 997, 100_003})
+
+
+def digest(x):
+    return zlib.crc32(np.ascontiguousarray(x).view(np.uint8).tobytes())
+
+
+@pytest.mark.parametrize("name", ALGOS)
+def test_integers_exact_and_bit_identical(name):
+    for count in COUNTS:
+        x = (np.arange(count, dtype=np.int64) * (RANK + 1)) ** 2 % 1009 - 500
+        want = np.empty_like(x)
+        COMM.Allreduce(x, want, MPI.SUM)
+        got = mlcomm.allreduce(x, algorithm=name)
+        agree(np.array_equal(got, want), f"{name} count={count}")
+        inplace = x.copy()
+        mlcomm.allreduce(mlcomm.IN_PLACE, inplace, algorithm=name)
+        agree(np.array_equal(inplace, want), f"{name} in place count={count}")
+
+
+@pytest.mark.parametrize("name", ALGOS)
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_floats_match_mpi_and_agree_bitwise(name, dtype):
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    if name == "mpi" and dt.itemsize < 4:
+        pytest.skip("MPI_Allreduce has no float16/bfloat16 reduction; mlcomm's own algorithms do")
+    for count in (1, P + 1, 4099):
+        x = sample(dt, "sum", count, RANK)
+        got = mlcomm.allreduce(x, algorithm=name)
+        agree(close(got, reference(COMM, x, "sum"), P, "sum"), f"{name} {dtype} count={count}")
+        agree(len(set(COMM.allgather(digest(got)))) == 1, "results differ between ranks")
+        again = mlcomm.allreduce(x, algorithm=name)
+        agree(digest(again) == digest(got), "a repeated call gave different bits")
+        inplace = x.copy()
+        mlcomm.allreduce(MPI.IN_PLACE, inplace, algorithm=name)
+        agree(digest(inplace) == digest(got), "in place differs from out of place")
+
+
+@pytest.mark.parametrize("op", ["sum", "prod", "min", "max", "avg", "band", "bor", "bxor",
+                                "land", "lor"])
+@pytest.mark.parametrize("dtype", ["int8", "uint16", "int32", "int64", "uint64", "float64",
+                                   "complex128", "bool"])
+def test_dtype_op_matrix(op, dtype):
+    dt = np.dtype(dtype)
+    if not mlcomm.kernels.is_supported(dt, op):
+        with pytest.raises(TypeError, match=op):
+            mlcomm.allreduce(np.zeros(3, dt), op=op)
+        return
+    x = sample(dt, op, 257, RANK) if dt.kind != "b" else (np.arange(257) % (RANK + 2) == 0)
+    for name in ("ring", "recursive_halving_doubling", "double_binary_tree", "naive"):
+        got = mlcomm.allreduce(x, op=op, algorithm=name)
+        want = reference(COMM, x, op)
+        agree(close(got, want, P, op), f"{name} {op} {dtype}")
+
+
+def test_mpi_op_constants_and_options():
+    x = np.arange(50, dtype=np.int32) + RANK
+    want = np.empty_like(x)
+    COMM.Allreduce(x, want, MPI.MAX)
+    agree(np.array_equal(mlcomm.allreduce(x, op=MPI.MAX, algorithm="ring", segment_bytes=12), want))
+    for k in range(1, P + 1):
+        got = mlcomm.allreduce(x, op=MPI.MAX, algorithm="parameter_server", servers=k)
+        agree(np.array_equal(got, want), f"servers={k}")
+    for root in range(P):
+        got = mlcomm.allreduce(x, op="max", algorithm="single_master", root=root)
+        agree(np.array_equal(got, want), f"root={root}")
+    got = mlcomm.allreduce(x, op="max", algorithm="double_binary_tree", chunk_bytes=16)
+    agree(np.array_equal(got, want), "chunk_bytes")
+
+
+def test_other_collectives():
+    n = 7
+    x = np.arange(P * n, dtype=np.int64) * (RANK + 1)
+    total = np.empty_like(x)
+    COMM.Allreduce(x, total)
+    got = mlcomm.reduce_scatter(x)
+    agree(np.array_equal(got, total[RANK * n:(RANK + 1) * n]), "reduce_scatter")
+    mine = np.full(n, RANK, np.int32)
+    agree(np.array_equal(mlcomm.allgather(mine), np.repeat(np.arange(P, dtype=np.int32), n)),
+          "allgather")
+    for root in range(P):
+        buf = np.arange(n, dtype=np.float64) + 100 * RANK
+        mlcomm.bcast(buf, root)
+        agree(np.array_equal(buf, np.arange(n) + 100 * root), f"bcast root={root}")
+        red = mlcomm.reduce(x, op="sum", root=root)
+        agree((RANK != root and red is None) or np.array_equal(red, total), f"reduce root={root}")
+
+
+def test_comm_drop_in_accepts_mpi4py_buffer_forms():
+    comm = mlcomm.Comm(COMM, algorithm="ring")
+    assert comm.Get_rank() == RANK and comm.Get_size() == P
+    a = array.array("d", [RANK + 0.5] * 5)
+    out = array.array("d", [0.0] * 5)
+    comm.Allreduce(a, out, MPI.SUM)
+    agree(list(out) == [sum(r + 0.5 for r in range(P))] * 5, "array.array")
+    x = np.arange(10, dtype=np.int32) + RANK
+    y = np.zeros(10, np.int32)
+    comm.Allreduce([x, MPI.INT], [y, MPI.INT], MPI.SUM)
+    agree(np.array_equal(y, np.arange(10) * P + P * (P - 1) // 2), "[buf, MPI.INT]")
+    y[:] = 0
+    comm.Allreduce((x, 4, MPI.INT), (y, 4, MPI.INT), MPI.MAX)
+    agree(np.array_equal(y[:4], np.arange(4) + P - 1) and not y[4:].any(), "(buf, count, type)")
+    z = x.copy()
+    comm.Allreduce(MPI.IN_PLACE, z, MPI.SUM)
+    agree(np.array_equal(z, np.arange(10) * P + P * (P - 1) // 2), "IN_PLACE")
+    # types mlcomm has no kernel for fall back to MPI's own call
+    ld = np.full(3, RANK, np.longdouble)
+    out_ld = np.zeros(3, np.longdouble)
+    comm.Allreduce(ld, out_ld, MPI.SUM)
+    agree(np.all(out_ld == P * (P - 1) / 2), "long double")
+    flags = np.array([RANK % 2 == 0] * 3)
+    res = np.zeros(3, bool)
+    comm.Allreduce(flags, res, MPI.LAND)
+    agree(np.all(res == (P == 1)), "bool land")
+    c = np.full(4, 1 + 1j * RANK, np.complex128)
+    rc = np.zeros(4, np.complex128)
+    comm.Allreduce(c, rc, MPI.SUM)
+    agree(np.allclose(rc, P + 1j * P * (P - 1) / 2), "complex")
+    blocks = np.arange(P * 3, dtype=np.float64)
+    part = np.zeros(3)
+    comm.Reduce_scatter_block(blocks, part, MPI.SUM)
+    agree(np.array_equal(part, P * blocks[RANK * 3:RANK * 3 + 3]), "Reduce_scatter_block")
+    gathered = np.zeros(P * 2, np.int64)
+    comm.Allgather(np.full(2, RANK, np.int64), gathered)
+    agree(np.array_equal(gathered, np.repeat(np.arange(P), 2)), "Allgather")
+    b = np.arange(6.0) if RANK == 0 else np.zeros(6)
+    comm.Bcast(b, root=0)
+    agree(np.array_equal(b, np.arange(6.0)), "Bcast")
+    r = np.zeros(3) if RANK == P - 1 else None
+    comm.Reduce(np.ones(3), r, MPI.SUM, root=P - 1)
+    agree(RANK != P - 1 or np.array_equal(r, np.full(3, P)), "Reduce")
+    # everything else is the plain communicator
+    agree(comm.allreduce(RANK) == P * (P - 1) // 2, "lowercase allreduce")
+
+
+def test_library_messages_never_meet_user_messages():
+    if P < 2:
+        pytest.skip("needs two ranks")
+    peer = (RANK + 1) % P
+    req = COMM.isend(("user", RANK), dest=peer, tag=0)
+    got = mlcomm.allreduce(np.ones(1000), algorithm="ring")
+    msg = COMM.recv(source=(RANK - 1) % P, tag=0)
+    req.wait()
+    agree(msg == ("user", (RANK - 1) % P) and np.all(got == P), "user message intercepted")
+
+
+def test_plans_are_cached():
+    from mlcomm.executor import plan_cache
+    x = np.ones(123)
+    mlcomm.allreduce(x, algorithm="ring")
+    cache = plan_cache(COMM)
+    misses = cache.misses
+    for _ in range(5):
+        mlcomm.allreduce(x, algorithm="ring")
+    agree(cache.misses == misses, "a repeated call planned again")

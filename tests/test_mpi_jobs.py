@@ -1,0 +1,29 @@
+"""Run the tests in tests/mpi/ as real mpiexec jobs at several process counts."""
+
+import pytest
+
+from conftest import mpirun
+
+SUITE = "tests/mpi"
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 7, 8])
+def test_mpi_suite(nprocs):
+    proc = mpirun(nprocs, ["-m", "pytest", SUITE, "--with-mpi", "-q", "-x",
+                           "-p", "no:cacheprovider", "-o", "addopts="], timeout=600,
+                  env={"MLCOMM_MPI_SUITE": "1"})
+    assert " passed" in proc.stdout
+
+
+@pytest.mark.parametrize("nprocs", [1, 3, 8])
+def test_verify_command_passes(nprocs):
+    proc = mpirun(nprocs, ["-m", "mlcomm", "verify", "--dtypes", "int32,float64,bfloat16",
+                           "--ops", "sum,max,avg,bxor"], timeout=600)
+    assert "ALL PASSED" in proc.stdout
+
+
+def test_an_exception_on_one_rank_aborts_the_job():
+    proc = mpirun(3, ["-c", "import sys; sys.argv=['mlcomm','verify','--dtypes','nonsense'];"
+                            "import mlcomm.cli; mlcomm.cli.main()"], timeout=120, check=False)
+    assert proc.returncode != 0
+    assert "nonsense" in proc.stderr
