@@ -46,7 +46,9 @@ class Profile:
     meta: dict = field(default_factory=dict)
 
     def gamma_for(self, dtype=None, op=None, backend=None) -> float:
-        """Return gamma for one kernel; fall back to the nearest measured one, then ``gamma``."""
+        """Return gamma for one kernel; fall back to the fastest matching one, then ``gamma``."""
+        if dtype is None and op is None and backend is None:
+            return self.gamma
         dtype = None if dtype is None else _dtype_name(dtype)
         op = None if op is None else str(getattr(op, "name", op)).lower()
         tables = ([self.gammas[backend]] if backend in self.gammas

@@ -23,15 +23,15 @@ def parse_size(text) -> int:
 
 
 def parse_list(text, item=int) -> list:
-    """Parse ``a,b,c`` or ``2,4,8,...,4096`` (geometric, or arithmetic when b-a is the step)."""
+    """Parse ``a,b,c`` or ``2,4,8,...,4096[,more]`` (geometric, or arithmetic when b-a is the step)."""
     parts = [t.strip() for t in str(text).split(",") if t.strip()]
     if "..." not in parts:
         return [item(t) for t in parts]
     i = parts.index("...")
-    if i < 2 or i != len(parts) - 2:
-        raise argparse.ArgumentTypeError(f"{text!r}: write a,b,...,z with two values before '...'")
+    if i < 2 or i == len(parts) - 1:
+        raise ValueError(f"{text!r}: write a,b,...,z with two values before '...'")
     head = [item(t) for t in parts[:i]]
-    a, b, last = head[-2], head[-1], item(parts[-1])
+    a, b, last = head[-2], head[-1], item(parts[i + 1])
     out = head[:]
     if a > 0 and b % a == 0 and b // a > 1:
         while out[-1] * (b // a) <= last:
@@ -40,8 +40,10 @@ def parse_list(text, item=int) -> list:
         while out[-1] + (b - a) <= last:
             out.append(out[-1] + (b - a))
     else:
-        raise argparse.ArgumentTypeError(f"{text!r}: the values before '...' must grow")
-    return out
+        raise ValueError(f"{text!r}: the values before '...' must grow")
+    if out[-1] != last:
+        out.append(last)
+    return out + parse_list(",".join(parts[i + 2:]), item) if parts[i + 2:] else out
 
 
 def _seconds(x) -> str:
@@ -152,8 +154,11 @@ def _simulate(args) -> int:
         return 0
     profile, net = _network(args)
     names = _algorithms(args.algorithms) or analyzable()
-    ranks = parse_list(args.ranks, int)
-    sizes = parse_list(args.bytes, parse_size)
+    try:
+        ranks = parse_list(args.ranks, int)
+        sizes = parse_list(args.bytes, parse_size)
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        raise SystemExit(f"mlcomm simulate: {exc}")
     total = len(names) * len(ranks) * len(sizes)
     with tqdm(total=total, desc="simulate", disable=args.no_progress or total < 8,
               file=sys.stderr, leave=False) as bar:

@@ -1,0 +1,317 @@
+"""Analyser, cost simulator, calibration, cost-driven auto, drawings."""
+
+import json
+import subprocess
+import sys
+from math import log2
+
+import pytest
+
+from mlcomm.algorithms import ALGORITHMS, build_schedules
+from mlcomm.analysis import KEYS, Network, analyze, compile_schedules, schedule_metrics, simulate
+from mlcomm.profile import Profile, load_profile
+from mlcomm.schedule import INPUT, OUTPUT, SCRATCH, Recv, Reduce, Region, Schedule, Send, Step
+
+from conftest import ROOT, mpirun
+
+PS = [2, 3, 4, 5, 8, 13, 16, 64]
+NET = Network(alpha=3e-6, beta=1e-9, gamma=2e-10)
+
+
+def _cli(*args, env=None, timeout=120):
+    proc = subprocess.run([sys.executable, "-m", "mlcomm", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def _metrics(name, p, count, **options):
+    return schedule_metrics(compile_schedules(build_schedules(name, p, count, 8, **options), 8))
+
+
+def _p2(p):
+    return 1 << (p.bit_length() - 1)
+
+
+# --- the simulator on hand-built schedules -----------------------------------------
+
+def _sched(rank, size, *steps, n=4):
+    return Schedule(rank, size, n, n, n, [Step(list(t), list(o)) for t, o in steps])
+
+
+def _whole(buf=INPUT, n=4):
+    return Region(buf, 0, n)
+
+
+def test_one_message_costs_alpha_plus_bytes_beta_plus_gamma():
+    n = 4
+    a = _sched(0, 2, ([Send(1, _whole())], []))
+    b = _sched(1, 2, ([Recv(0, _whole(SCRATCH))], [Reduce(_whole(OUTPUT), _whole(SCRATCH))]))
+    res = simulate(compile_schedules([a, b], 8), NET)
+    assert res.seconds == pytest.approx(NET.alpha + 8 * n * NET.beta + 8 * n * NET.gamma)
+    assert res.rank_finish[0] == pytest.approx(NET.alpha + 8 * n * NET.beta)
+
+
+@pytest.mark.parametrize("ports, messages", [(1, 3), (2, 2), (3, 1), (0, 1)])
+def test_port_model_serialises_a_fan_out(ports, messages):
+    root = _sched(0, 4, ([Send(q, _whole()) for q in (1, 2, 3)], []))
+    leaves = [_sched(q, 4, ([Recv(0, _whole(OUTPUT))], [])) for q in (1, 2, 3)]
+    net = Network(alpha=1.0, beta=0.5, gamma=0.0, ports=ports)
+    assert simulate(compile_schedules([root, *leaves], 1), net).seconds == pytest.approx(messages * 3.0)
+
+
+def test_messages_match_in_posting_order_per_pair():
+    # two messages 0 -> 1 of different sizes, received in two steps in the same order
+    a = _sched(0, 2, ([Send(1, Region(INPUT, 0, 1)), Send(1, Region(INPUT, 1, 3))], []))
+    b = _sched(1, 2, ([Recv(0, Region(OUTPUT, 0, 1))], []), ([Recv(0, Region(OUTPUT, 1, 3))], []))
+    prog = compile_schedules([a, b], 1)
+    assert list(prog.nbytes) == [1, 3]
+    net = Network(alpha=1.0, beta=1.0, gamma=0.0)
+    assert simulate(prog, net).seconds == pytest.approx((1 + 1) + (1 + 3))
+    bad = _sched(1, 2, ([Recv(0, Region(OUTPUT, 0, 3))], []), ([Recv(0, Region(OUTPUT, 1, 1))], []))
+    with pytest.raises(ValueError, match="elements"):
+        compile_schedules([a, bad], 1)
+    with pytest.raises(ValueError, match="sends"):
+        compile_schedules([a, _sched(1, 2, ([Recv(0, Region(OUTPUT, 0, 1))], []))], 1)
+
+
+def test_deadlock_is_reported():
+    # each rank first waits for the other's second-step message
+    a = _sched(0, 2, ([Recv(1, _whole(OUTPUT))], []), ([Send(1, _whole())], []))
+    b = _sched(1, 2, ([Recv(0, _whole(OUTPUT))], []), ([Send(0, _whole())], []))
+    with pytest.raises(RuntimeError, match="deadlock"):
+        simulate(compile_schedules([a, b], 8), NET)
+
+
+def test_two_level_model_and_nic_sharing():
+    # ranks 0,1 on node 0 send to 2,3 on node 1 at once; 0 -> 1 stays inside node 0 later
+    scheds = [_sched(0, 4, ([Send(2, _whole())], []), ([Send(1, _whole())], [])),
+              _sched(1, 4, ([Send(3, _whole())], []), ([Recv(0, _whole(OUTPUT))], [])),
+              _sched(2, 4, ([Recv(0, _whole(OUTPUT))], [])),
+              _sched(3, 4, ([Recv(1, _whole(OUTPUT))], []))]
+    prog = compile_schedules(scheds, 1)
+    base = dict(alpha=1.0, beta=0.0, gamma=0.0, ranks_per_node=2, inter_alpha=10.0, inter_beta=0.0)
+    assert simulate(prog, Network(**base, nic_ports=0)).seconds == pytest.approx(10 + 1)
+    assert simulate(prog, Network(**base, nic_ports=1)).seconds == pytest.approx(20 + 1)
+    assert simulate(prog, Network(alpha=1.0, beta=0.0, gamma=0.0)).seconds == pytest.approx(2)
+
+
+# --- analyser numbers against the notes' closed forms -------------------------------
+
+def _expected(name, p, count, servers=None):
+    """The notes' numbers (extended to non-powers of two by the fold) for n = 8 * count bytes."""
+    n = 8 * count
+    p2, e = _p2(p), p - _p2(p)
+    lg = int(log2(p2))
+    if name == "naive":
+        return dict(rounds=1, total_bytes_sent=p * (p - 1) * n, max_rank_bytes_sent=(p - 1) * n,
+                    max_rank_bytes_received=(p - 1) * n, max_fan_in=p - 1, max_round_bytes_in=(p - 1) * n)
+    if name == "single_master":
+        return dict(rounds=2, total_bytes_sent=2 * (p - 1) * n, max_rank_bytes_sent=(p - 1) * n,
+                    max_rank_bytes_received=(p - 1) * n, max_fan_in=p - 1,
+                    max_round_bytes_in=(p - 1) * n)
+    if name == "parameter_server":
+        k = servers or p
+        busiest = n + (p - 2) * n // k  # a server: its pushes and pulls of the other shards
+        return dict(rounds=2, total_bytes_sent=2 * (p - 1) * n, max_rank_bytes_sent=busiest,
+                    max_rank_bytes_received=busiest, max_fan_in=p - 1,
+                    max_round_bytes_in=max(n if k < p else 0, (p - 1) * n // k))
+    if name == "ring":
+        return dict(rounds=2 * (p - 1), total_bytes_sent=2 * (p - 1) * n,
+                    max_rank_bytes_sent=2 * (p - 1) * n // p, max_rank_bytes_received=2 * (p - 1) * n // p,
+                    max_fan_in=1, max_round_bytes_in=n // p)
+    if name == "recursive_doubling":
+        per = lg * n + (n if e else 0)
+        return dict(rounds=lg + (2 if e else 0), total_bytes_sent=p2 * lg * n + 2 * e * n,
+                    max_rank_bytes_sent=per, max_rank_bytes_received=per, max_fan_in=1,
+                    max_round_bytes_in=n)
+    if name == "recursive_halving_doubling":
+        per = 2 * (p2 - 1) * n // p2 + (n if e else 0)
+        return dict(rounds=2 * lg + (2 if e else 0), total_bytes_sent=2 * (p2 - 1) * n + 2 * e * n,
+                    max_rank_bytes_sent=per, max_rank_bytes_received=per, max_fan_in=1,
+                    max_round_bytes_in=n if e else n // 2)
+    raise KeyError(name)
+
+
+NOTES = ["naive", "single_master", "parameter_server", "ring", "recursive_doubling",
+         "recursive_halving_doubling"]
+
+
+@pytest.mark.parametrize("p", PS)
+@pytest.mark.parametrize("name", NOTES)
+def test_analyser_matches_closed_forms(name, p):
+    for k in (1, 3):  # n divisible by p and by the folded p2
+        count = k * p * _p2(p)
+        assert _metrics(name, p, count) == _expected(name, p, count), (name, p, count)
+
+
+@pytest.mark.parametrize("p", [5, 8, 13])
+def test_k_server_parameter_server(p):
+    count = 2 * 3 * p
+    for k in (1, 2, 3):
+        got = _metrics("parameter_server", p, count, servers=k)
+        # the notes' K-server PS: max(n, p n / K) per round at the busiest rank (whose own
+        # shard does not travel, hence p-1)
+        assert got == _expected("parameter_server", p, count, servers=k)
+
+
+@pytest.mark.parametrize("p", [3, 5, 8, 13])
+def test_uneven_counts_keep_volumes(p):
+    for count in (1, p - 1, 7 * p + 3):
+        n = 8 * count
+        ring = _metrics("ring", p, count)
+        assert ring["total_bytes_sent"] == 2 * (p - 1) * n
+        assert ring["max_rank_bytes_sent"] <= 2 * (p - 1) * 8 * -(-count // p)
+        rd = _metrics("recursive_doubling", p, count)
+        assert rd == _expected("recursive_doubling", p, count)
+        # halving moves (p2-1)/p2 of every window whatever the chunk sizes: the total is exact
+        rhd = _metrics("recursive_halving_doubling", p, count)
+        want = _expected("recursive_halving_doubling", p, count)
+        assert rhd["total_bytes_sent"] == want["total_bytes_sent"]
+        assert rhd["rounds"] == want["rounds"] or count < _p2(p)
+        assert _metrics("naive", p, count) == _expected("naive", p, count)
+
+
+@pytest.mark.parametrize("p", PS)
+def test_double_binary_tree_volume(p):
+    count = 4 * p
+    got = _metrics("double_binary_tree", p, count)
+    assert got["total_bytes_sent"] == 2 * (p - 1) * 8 * count
+    assert got["max_fan_in"] <= 2
+    assert got["rounds"] <= 4 * (int(log2(p)) + 1)
+
+
+# --- the simulator against the algorithms' cost formulas ----------------------------
+
+EXACT = ["naive", "single_master", "ring", "recursive_doubling", "recursive_halving_doubling"]
+
+
+@pytest.mark.parametrize("p", PS)
+@pytest.mark.parametrize("name", EXACT)
+def test_simulator_agrees_with_exact_formulas(name, p):
+    for count in (p * _p2(p), 5 * p * _p2(p)):
+        prog = compile_schedules(build_schedules(name, p, count, 8), 8)
+        want = ALGORITHMS[name].cost(p, 8 * count, NET.alpha, NET.beta, NET.gamma)
+        assert simulate(prog, NET).seconds == pytest.approx(want, rel=1e-9), (name, p, count)
+
+
+@pytest.mark.parametrize("p", PS)
+def test_parameter_server_simulates_as_two_shifted_exchanges(p):
+    count = 3 * p
+    n = 8 * count
+    sim = simulate(compile_schedules(build_schedules("parameter_server", p, count, 8), 8), NET).seconds
+    want = 2 * (p - 1) * (NET.alpha + n / p * NET.beta) + (p - 1) * n / p * NET.gamma
+    assert sim == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.xfail(strict=True, reason="parameter_server.cost counts max(K, p-1) = p messages per "
+                                       "phase for K = p; a rank sends and receives p-1")
+def test_parameter_server_formula_is_exact_for_k_equal_p():
+    p, count = 8, 24
+    sim = simulate(compile_schedules(build_schedules("parameter_server", p, count, 8), 8), NET).seconds
+    assert ALGORITHMS["parameter_server"].cost(p, 8 * count, NET.alpha, NET.beta, NET.gamma) == \
+        pytest.approx(sim, rel=1e-9)
+
+
+def test_analyze_row_has_exactly_the_keys():
+    row = analyze("ring", 8, 1 << 20, network=NET)
+    assert tuple(row) == KEYS
+    assert row["predicted_seconds"] == pytest.approx(row["formula_seconds"])
+    assert analyze("mpi", 8, 1 << 20, network=NET)["rounds"] is None
+
+
+def test_analyze_cli_json():
+    rows = json.loads(_cli("analyze", "--ranks", 8, "--bytes", 1048576, "--format", "json"))
+    assert {r["algorithm"] for r in rows} == {n for n, a in ALGORITHMS.items() if a.build}
+    assert all(list(r) == list(KEYS) for r in rows)
+    n = 1 << 20
+    by = {r["algorithm"]: r for r in rows}
+    assert by["single_master"]["max_rank_bytes_received"] == 7 * n
+    assert by["single_master"]["max_fan_in"] == 7
+    assert by["parameter_server"]["max_round_bytes_in"] == 7 * n // 8
+    assert (by["ring"]["rounds"], by["ring"]["max_fan_in"], by["ring"]["max_round_bytes_in"]) == (14, 1, n // 8)
+    assert (by["recursive_halving_doubling"]["rounds"],
+            by["recursive_halving_doubling"]["max_rank_bytes_sent"]) == (6, 2 * 7 * n // 8)
+    assert (by["recursive_doubling"]["rounds"], by["recursive_doubling"]["max_rank_bytes_sent"]) == (3, 3 * n)
+    csv_out = _cli("analyze", "-p", 5, "-n", "1K", "--format", "csv", "-a", "ring,rd")
+    assert csv_out.splitlines()[0] == ",".join(KEYS) and len(csv_out.splitlines()) == 3
+
+
+def test_simulate_cli_switches_to_closed_forms(tmp_path):
+    plot = tmp_path / "lat.png"
+    out = _cli("simulate", "--ranks", "2,4,...,16,128", "--bytes", "8,64K", "-a", "ring,rd",
+               "--sim-limit", 1, "--format", "json", "--plot", plot, "--no-progress")
+    rows = json.loads(out)
+    assert len(rows) == 2 * 5 * 2
+    assert {r["source"] for r in rows if r["ranks"] <= 16} == {"simulated"}
+    assert {r["source"] for r in rows if r["ranks"] == 128} == {"formula"}
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    table = _cli("simulate", "-p", "4,8", "-n", "1M", "--ranks-per-node", 2, "--inter-alpha", 1e-5)
+    assert "2 ranks/node" in table
+
+
+# --- auto, explain, draw, calibrate -------------------------------------------------
+
+def test_auto_follows_the_profile(tmp_path, monkeypatch):
+    from mlcomm.profile import save_profile
+    from mlcomm.select import auto_choice, explain
+    path = tmp_path / "profile.json"
+    monkeypatch.setenv("MLCOMM_PROFILE", str(path))
+    save_profile(Profile(alpha=1e-3, beta=1e-12, gamma=1e-12), path)
+    assert auto_choice("allreduce", 16, 1 << 20) == "recursive_doubling"  # latency-bound
+    save_profile(Profile(alpha=1e-9, beta=1e-8, gamma=1e-12), path)
+    load_profile.__globals__["_cache"].clear()
+    choice, times, prof = explain(12, 1 << 20)
+    assert prof.source == str(path)
+    assert choice == min(times, key=times.get) == "ring"  # bandwidth-bound, p not a power of two
+    for name, t in times.items():
+        assert t == pytest.approx(ALGORITHMS[name].cost(12, 1 << 20, 1e-9, 1e-8, 1e-12))
+
+
+def test_explain_and_draw_cli(tmp_path):
+    out = _cli("explain", "--ranks", 8, "--bytes", "1M")
+    assert "auto chooses" in out and "<- auto" in out
+    for name, p in (("ring", 4), ("recursive_halving_doubling", 5)):
+        png = tmp_path / f"{name}.png"
+        assert "wrote" in _cli("draw", "--algorithm", name, "--ranks", p, "--out", png)
+        assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_draw_trace_ends_with_every_contribution_once():
+    from mlcomm.analysis.draw import trace
+    for name in ("ring", "double_binary_tree", "recursive_halving_doubling", "parameter_server"):
+        views, _ = trace(build_schedules(name, 5, 10))
+        for view in views[-1]:
+            assert (view == 1).all(), name
+
+
+_AUTO_SCRIPT = """
+import numpy as np
+from mpi4py import MPI
+import mlcomm
+from mlcomm.select import explain
+comm = MPI.COMM_WORLD
+x = np.arange(5000, dtype=np.float64) * (comm.Get_rank() + 1)
+want = np.empty_like(x)
+comm.Allreduce(x, want)
+got = mlcomm.allreduce(x)
+assert np.array_equal(got, want)
+if comm.Get_rank() == 0:
+    print("CHOICE", explain(comm.Get_size(), x.nbytes)[0])
+"""
+
+
+def test_calibrate_profile_auto_end_to_end(tmp_path):
+    path = tmp_path / "profile.json"
+    env = {"MLCOMM_PROFILE": str(path)}
+    out = mpirun(2, ["-m", "mlcomm", "calibrate", "--quick", "--dtypes", "float64,float32",
+                     "--ops", "sum,max"], env=env, timeout=180).stdout
+    assert "profile written to" in out
+    data = json.loads(path.read_text())
+    assert data["alpha"] > 0 and data["beta"] >= 0 and data["gamma"] > 0
+    assert data["gammas"]["numpy"]["float64"]["sum"] > 0 and data["ranks"] == 2
+    script = tmp_path / "auto.py"
+    script.write_text(_AUTO_SCRIPT)
+    proc = mpirun(2, [script], env=dict(env, MLCOMM_DEBUG="1"), timeout=120)
+    choice = proc.stdout.split("CHOICE")[1].split()[0]
+    assert f"-> {choice} (profile: {path}" in proc.stderr
