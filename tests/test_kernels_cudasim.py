@@ -162,6 +162,51 @@ def _simulator_main():
     print("CUDASIM-REPORT " + json.dumps(report))
 
 
+def _ptx_main():
+    """Compile every Numba CUDA kernel signature the backend launches to PTX (no GPU needed).
+
+    Needs NVVM (a CUDA toolkit via CUDA_HOME, e.g. pip's nvidia-cuda-nvcc-cu12 wheel at
+    site-packages/nvidia/cuda_nvcc). Device functions ask the current device for its compute
+    capability, so a stand-in device answers (8, 0).
+    """
+    import numba.cuda.dispatcher as dispatcher
+    from numba import cuda, types
+    from numba.np.numpy_support import from_dtype
+    import mlcomm.kernels as K
+    from mlcomm.kernels import cuda_backend as cb
+    from mlcomm.kernels.ops import supported_dtypes
+
+    class _Device:
+        compute_capability = (8, 0)
+    dispatcher.get_current_device = lambda: _Device()
+    todo = []
+    for dt in supported_dtypes():
+        for op in K.OPS:
+            if K.is_supported(dt, op):
+                kernel, view = cb._plan(dt, op)
+                arr = types.Array(from_dtype(view), 1, "C")
+                todo.append((kernel, (arr, arr)))
+        if K.is_supported(dt, "avg"):
+            if dt == K.BFLOAT16:
+                todo.append((cb._k_b_div, (types.Array(types.uint16, 1, "C"), types.float32)))
+            elif dt == np.float16:
+                todo.append((cb._k_h_div, (types.Array(types.float16, 1, "C"), types.float32)))
+            else:
+                v = from_dtype(cb._REAL.get(dt, dt))
+                todo.append((cb._k_div, (types.Array(v, 1, "C"), v)))
+    failures, done = [], set()
+    for kernel, sig in todo:
+        key = (kernel.py_func.__name__, str(sig))
+        if key in done:
+            continue
+        done.add(key)
+        try:
+            cuda.compile_ptx(kernel.py_func, sig, cc=(8, 0), opt=False)
+        except Exception as exc:
+            failures.append(f"{key}: {type(exc).__name__}: {str(exc)[:200]}")
+    print("PTX-REPORT " + json.dumps({"compiled": len(done), "failures": failures}))
+
+
 # --- pytest side ---------------------------------------------------------------------------
 
 def test_numba_cuda_kernels_under_simulator():
@@ -210,5 +255,29 @@ def test_numba_cuda_kernels_on_gpu():
     assert failures == []
 
 
+def _nvvm_available():
+    try:
+        from numba.cuda.cudadrv.nvvm import NVVM
+        NVVM()
+        return True
+    except Exception:
+        return False
+
+
+def test_numba_cuda_kernels_compile_to_ptx():
+    """Every kernel signature compiles for a real GPU (sm_80) when NVVM is installed."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or not _nvvm_available():
+        pytest.skip("NVVM not found (set CUDA_HOME to a CUDA toolkit, e.g. pip's "
+                    "nvidia-cuda-nvcc-cu12 at site-packages/nvidia/cuda_nvcc)")
+    proc = subprocess.run([sys.executable, __file__, "--ptx"], capture_output=True,
+                          text=True, timeout=600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PTX-REPORT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads(lines[-1].split(" ", 1)[1])
+    assert report["failures"] == [] and report["compiled"] >= 60, report
+
+
 if __name__ == "__main__" and "--simulator" in sys.argv:
     _simulator_main()
+elif __name__ == "__main__" and "--ptx" in sys.argv:
+    _ptx_main()
