@@ -135,7 +135,7 @@ for name, opts in [("ssp", dict(sync="ssp", staleness=2)),
     if rank == 0:
         print(f"{name} acc={res.test_accuracy:.4f} step={res.step}")
         # async's staleness depends on scheduling on a shared machine: a looser bar
-        assert res.test_accuracy >= (0.8 if name == "async" else 0.9), (name, res.test_accuracy)
+        assert res.test_accuracy >= (0.85 if name == "async" else 0.9), (name, res.test_accuracy)
         assert res.step == 120
 """
 
@@ -150,7 +150,7 @@ def test_ssp_backup_async_with_straggler_and_metrics(tmp_path):
         for col in ("step", "wall_s", "loss", "test_accuracy", "samples_per_s", "compute_s",
                     "comm_s", "bytes_sent"):
             assert col in rows[0], (name, col)
-        assert rows[-1]["test_accuracy"] >= 0.8
+        assert rows[-1]["test_accuracy"] >= 0.85
         assert rows[-1]["step"] == 120
     json.loads((tmp_path / "async.json").read_text())
 

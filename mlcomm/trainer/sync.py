@@ -158,6 +158,17 @@ class BSP(_Mode):
         self.buckets[0] = (self.buckets[0][0], n + 2)  # the extras ride in the first bucket sent
         self.algorithm = ctx.cfg.algorithm
         self.comp = ctx.compressor
+        self._warm_up()
+
+    def _warm_up(self):
+        """Build the all-reduce plans (and compile kernels) before the clock starts."""
+        if self.size == 1:
+            return
+        if self.comp.name == "none":
+            for lo, hi in self.buckets:
+                allreduce(np.zeros(hi - lo, self.buf.dtype), self.comm, self.algorithm)
+        elif self.comp.name == "fp16" and self.algorithm != "mpi" and _have_mlcomm():
+            allreduce(np.zeros(self.buf.size, np.float16), self.comm, self.algorithm)
 
     def step(self, t):
         c, info = self.ctx, StepInfo(step=t)
@@ -430,8 +441,9 @@ class AsyncPS(_Mode):
     A worker pulls every shard, computes a gradient on its share of the global
     batch and pushes each shard's (compressed) gradient with non-blocking sends,
     then pulls again; it never waits for the other workers.  A server applies
-    every push as it arrives (SGD with momentum mu^(1/W), so W pushes decay the
-    velocity like one synchronous step).
+    every push as it arrives: SGD with momentum mu^(1/W), so W pushes decay the
+    velocity like one synchronous step, and the rate times (1-mu^(1/W))/(1-mu),
+    so W pushes move the parameters as far as one synchronous step.
     """
 
     periodic_checkpoints = False
@@ -448,7 +460,11 @@ class AsyncPS(_Mode):
         from .compress import get_compressor
         self.comps = [get_compressor(ctx.cfg.compress, seed=ctx.cfg.seed * 100003 + self.rank * 131 + s)
                       for s in range(self.k)]
-        self.momentum = ctx.opt.momentum ** (1.0 / self.workers)
+        mu = ctx.opt.momentum
+        self.momentum = mu ** (1.0 / self.workers)
+        # a velocity fed W times per round amplifies 1/(1-mu_push) instead of 1/(1-mu):
+        # scale the rate so a round of W pushes moves as far as one synchronous step
+        self.lr_factor = (1 - self.momentum) / (1 - mu) if mu > 0 else 1.0
 
     @property
     def logger_rank(self):
@@ -503,7 +519,7 @@ class AsyncPS(_Mode):
                 decoders[src].decompress_add(msg[32:], dense)
                 vel *= vel.dtype.type(self.momentum)
                 vel += dense
-                shard -= shard.dtype.type(c.lr_at(step)) * vel
+                shard -= shard.dtype.type(c.lr_at(step) * self.lr_factor) * vel
                 applied += 1
             elif tag == TAG_DONE:
                 self.comm.Recv([np.zeros(0, np.uint8), MPI.BYTE], src, TAG_DONE)
