@@ -1,5 +1,7 @@
 """Analyser, cost simulator, calibration, cost-driven auto, drawings."""
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -18,11 +20,20 @@ PS = [2, 3, 4, 5, 8, 13, 16, 64]
 NET = Network(alpha=3e-6, beta=1e-9, gamma=2e-10)
 
 
-def _cli(*args, env=None, timeout=120):
-    proc = subprocess.run([sys.executable, "-m", "mlcomm", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
+def _cli(*args):
+    """Run ``mlcomm ARGS`` in this process (no interpreter start-up); return its stdout."""
+    from mlcomm.cli import main
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main([str(a) for a in args]) == 0
+    return out.getvalue()
+
+
+def test_cli_entry_point_runs():
+    proc = subprocess.run([sys.executable, "-m", "mlcomm", "analyze", "-p", "3", "-n", "24",
+                           "-a", "ring"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("algorithm") and "ring" in proc.stdout
 
 
 def _metrics(name, p, count, **options):
@@ -239,7 +250,7 @@ def test_analyze_cli_json():
 
 def test_simulate_cli_switches_to_closed_forms(tmp_path):
     plot = tmp_path / "lat.png"
-    out = _cli("simulate", "--ranks", "2,4,...,16,128", "--bytes", "8,64K", "-a", "ring,rd",
+    out = _cli("simulate", "--ranks", "2,4,...,16,128", "--bytes", "8,1K", "-a", "ring,rd",
                "--sim-limit", 1, "--format", "json", "--plot", plot, "--no-progress")
     rows = json.loads(out)
     assert len(rows) == 2 * 5 * 2
