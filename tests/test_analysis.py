@@ -215,8 +215,6 @@ def test_parameter_server_simulates_as_two_shifted_exchanges(p):
     assert sim == pytest.approx(want, rel=1e-9)
 
 
-@pytest.mark.xfail(strict=True, reason="parameter_server.cost counts max(K, p-1) = p messages per "
-                                       "phase for K = p; a rank sends and receives p-1")
 def test_parameter_server_formula_is_exact_for_k_equal_p():
     p, count = 8, 24
     sim = simulate(compile_schedules(build_schedules("parameter_server", p, count, 8), 8), NET).seconds

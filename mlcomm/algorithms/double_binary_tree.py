@@ -35,7 +35,8 @@ def cost(p, nbytes, alpha, beta, gamma, chunk_bytes=DEFAULT_CHUNK_BYTES):
     chunks = max(1, -(-nbytes // 2 // chunk_bytes))
     piece = nbytes / 2 / chunks
     steps = log2ceil(p) + chunks - 1
-    return 2 * steps * (alpha + 2 * piece * beta) + steps * 2 * piece * gamma
+    # single port: an interior rank takes in, then sends out, two children one at a time
+    return steps * (4 * (alpha + piece * beta) + 2 * piece * gamma)
 
 
 register("double_binary_tree", "allreduce", build, cost,

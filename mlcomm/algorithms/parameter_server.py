@@ -33,8 +33,9 @@ def build(rank, size, count, itemsize, servers=None):
 def cost(p, nbytes, alpha, beta, gamma, servers=None):
     k = p if servers is None else servers
     shard = nbytes / k
-    busiest = max(nbytes - shard, (p - 1) * shard)
-    rounds = max(k, p - 1) if p > 1 else 0
+    worker_sends = nbytes if k < p else nbytes - shard  # a non-server pushes every shard
+    busiest = max(worker_sends, (p - 1) * shard)
+    rounds = p - 1
     return 2 * (rounds * alpha + busiest * beta) + (p - 1) * shard * gamma
 
 

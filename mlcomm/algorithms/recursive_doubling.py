@@ -10,6 +10,7 @@ __all__ = ["build", "cost", "fold_cost"]
 def build(rank, size, count, itemsize):
     """log2 p rounds; in round k each rank swaps its whole vector with rank XOR 2^k and reduces.
 
+    Both partners reduce in the same operand order, so every rank gets the same bits.
     For p not a power of two, the first 2(p-p2) ranks fold pairwise first and
     get the result back at the end (two more rounds).
     """
@@ -23,7 +24,11 @@ def build(rank, size, count, itemsize):
             peer = real_rank(new ^ mask, size)
             tl.send(t, peer, whole)
             tl.recv(t, peer, landing)
-            tl.reduce(t, whole, landing)
+            if new & mask:  # both partners compute lower (+) upper: bit-identical
+                tl.reduce(t, landing, whole)  # even for ops whose operands don't commute bitwise
+                tl.copy(t, whole, landing)
+            else:
+                tl.reduce(t, whole, landing)
             mask, t = mask << 1, t + 1
     unfold(tl, t, count)
     return tl.schedule(count, count)
