@@ -121,7 +121,8 @@ def _auto(pcomm, collective, p, count, dtype):
     key = (id(pcomm), collective, count, dtype.str)
     name = _CHOICES.get(key)
     if name is None:
-        name = pcomm.comm.bcast(auto_choice(collective, p, count * dtype.itemsize), root=0)
+        mine = auto_choice(collective, p, count * dtype.itemsize) if pcomm.comm.Get_rank() == 0 else None
+        name = pcomm.comm.bcast(mine, root=0)
         _CHOICES[key] = name
     return name
 
