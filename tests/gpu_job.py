@@ -1,0 +1,228 @@
+"""Device arrays through every mlcomm collective, staged through host memory.
+
+Run under mpiexec, normally with NUMBA_ENABLE_CUDASIM=1 (Numba's CUDA simulator, no GPU):
+
+    NUMBA_ENABLE_CUDASIM=1 mpiexec -n 3 python tests/gpu_job.py [--cupy]
+
+Each rank builds device arrays (Numba device arrays, or CuPy arrays with ``--cupy``) of
+float32, float64, int32, float16 and bfloat16 (raw uint16 + ``dtype=``), stages them with
+``mlcomm.gpu.stage``, runs ``mlcomm.allreduce`` with every algorithm out of place, in place
+and with recvbuf=None, copies the result back with ``finish`` and compares it with
+``comm.Allreduce`` on host copies (exact for integers, a tolerance for floats). The other
+collectives go through every algorithm once with float32 and int32. ``reduce_into`` runs
+once with the "cuda" backend on device arrays. Prints one summary line on rank 0 and exits
+non-zero on any mismatch.
+"""
+
+import argparse
+import sys
+
+import ml_dtypes
+import numpy as np
+from mpi4py import MPI
+
+import mlcomm
+from mlcomm import COLLECTIVES, gpu, kernels
+from mlcomm.cli import abort_on_error
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+#: dtype -> (reference dtype for comm.Allreduce, rtol, atol)
+DTYPES = {
+    np.dtype(np.float32): (np.float32, 1e-5, 1e-5),
+    np.dtype(np.float64): (np.float64, 1e-12, 1e-12),
+    np.dtype(np.int32): (np.int32, 0, 0),
+    np.dtype(np.float16): (np.float32, 4e-3, 4e-3),
+    BF16: (np.float32, 3e-2, 3e-2),
+}
+MPI_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32))
+COUNTS = (1, 37, 1000)
+
+
+class Device:
+    """Make device arrays with Numba (simulator or real) or CuPy."""
+
+    def __init__(self, use_cupy):
+        self.cupy = use_cupy
+        if use_cupy:
+            import cupy
+            self.xp = cupy
+        else:
+            from numba import cuda
+            self.cuda = cuda
+
+    def put(self, host):
+        """A device copy of ``host``; bfloat16 travels as raw uint16."""
+        raw = host.view(np.uint16) if host.dtype == BF16 else host
+        return self.xp.asarray(raw) if self.cupy else self.cuda.to_device(raw)
+
+    def get(self, dev, dtype):
+        host = self.xp.asnumpy(dev) if self.cupy else dev.copy_to_host()
+        return host.view(dtype) if dtype == BF16 else host
+
+    def empty(self, n, dtype):
+        raw = np.uint16 if dtype == BF16 else dtype
+        return self.xp.empty(n, raw) if self.cupy else self.cuda.device_array(n, raw)
+
+
+def host_data(rng, dtype, n, rank):
+    if dtype.kind == "i":
+        return rng.integers(-1000, 1000, n).astype(dtype)
+    return (rng.standard_normal(n) + rank).astype(dtype)
+
+
+def reference(comm, host, dtype, op):
+    ref_dtype, _, _ = DTYPES[dtype]
+    send = host.astype(ref_dtype)
+    out = np.empty_like(send)
+    mpi = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX}[op]
+    comm.Allreduce(send, out, mpi)
+    if op == "avg":
+        out = out / comm.Get_size()
+    return out
+
+
+def close(got, want, dtype):
+    _, rtol, atol = DTYPES[dtype]
+    g = got.astype(np.float64) if dtype.kind == "f" or dtype == BF16 else got
+    if rtol == 0:
+        return np.array_equal(g, want)
+    return np.allclose(g, want.astype(np.float64), rtol=rtol, atol=atol * max(1, np.abs(want).max(initial=0)))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cupy", action="store_true", help="CuPy arrays on a real GPU")
+    args = ap.parse_args()
+    comm = MPI.COMM_WORLD
+    rank, p = comm.Get_rank(), comm.Get_size()
+    if args.cupy:
+        gpu.select_device()
+    dev = Device(args.cupy)
+    rng = np.random.default_rng(1234 + rank)
+    failures, cases = [], 0
+
+    def check(label, got, want, dtype):
+        nonlocal cases
+        cases += 1
+        if not close(got, want, dtype):
+            bad = np.flatnonzero(~np.isclose(got.astype(np.float64), want.astype(np.float64),
+                                             rtol=DTYPES[dtype][1] or 1e-300, atol=DTYPES[dtype][2]))
+            failures.append(f"rank {rank} {label}: first bad index {bad[:3]}, "
+                            f"got {got.ravel()[bad[:3]]} want {want.ravel()[bad[:3]]}")
+
+    algorithms = list(mlcomm.ALGORITHMS)
+    for dtype in DTYPES:
+        dt = BF16 if dtype == BF16 else None
+        for name in algorithms:
+            if name == "mpi" and dtype not in MPI_DTYPES:
+                continue
+            for n in COUNTS:
+                ops = ("sum", "max") if dtype.kind == "i" else ("sum", "max", "avg")
+                for op in ops:
+                    host = host_data(rng, dtype, n, rank)
+                    want = reference(comm, host, dtype, op)
+                    label = f"{name} {dtype} n={n} {op}"
+                    # out of place into a device recvbuf
+                    d_send, d_recv = dev.put(host), dev.empty(n, dtype)
+                    hs, hr, finish = gpu.stage(d_send, d_recv, dtype=dt)
+                    res = finish(mlcomm.allreduce(hs, hr, op, algorithm=name))
+                    if res is not d_recv:
+                        failures.append(f"rank {rank} {label}: result is not recvbuf")
+                    check(label + " out-of-place", dev.get(d_recv, dtype), want, dtype)
+                    if not np.array_equal(dev.get(d_send, dtype).view(np.uint8), host.view(np.uint8)):
+                        failures.append(f"rank {rank} {label}: sendbuf changed")
+                    # in place
+                    d_buf = dev.put(host)
+                    hs, hr, finish = gpu.stage(MPI.IN_PLACE, d_buf, dtype=dt)
+                    res = finish(mlcomm.allreduce(hs, hr, op, algorithm=name))
+                    check(label + " in-place", dev.get(d_buf, dtype), want, dtype)
+                    if op == "sum":  # recvbuf=None: a new device array
+                        hs, hr, finish = gpu.stage(dev.put(host), None, dtype=dt)
+                        res = finish(mlcomm.allreduce(hs, hr, op, algorithm=name))
+                        check(label + " recvbuf=None", dev.get(res, dtype), want, dtype)
+
+    # the pinned/host staging buffers are reused for the same shape and dtype
+    a = dev.put(np.zeros(64, np.float32))
+    h1 = gpu.stage(a, None)[0]
+    h2 = gpu.stage(a, None)[0]
+    cases += 1
+    if h1 is not h2:
+        failures.append(f"rank {rank}: host staging buffer not reused")
+
+    # the other collectives, every algorithm, float32 and int32
+    for dtype in (np.dtype(np.float32), np.dtype(np.int32)):
+        n = 5
+        for name in COLLECTIVES.get("reduce_scatter", {}):
+            host = host_data(rng, dtype, n * p, rank)
+            full = reference(comm, host, dtype, "sum")
+            want = full[rank * n:(rank + 1) * n]
+            d_recv = dev.empty(n, dtype)
+            hs, hr, finish = gpu.stage(dev.put(host), d_recv)
+            finish(mlcomm.reduce_scatter(hs, hr, "sum", algorithm=name))
+            check(f"reduce_scatter {name} {dtype}", dev.get(d_recv, dtype), want, dtype)
+            d_buf = dev.put(host)  # in place: the result is recvbuf's first block
+            hs, hr, finish = gpu.stage(MPI.IN_PLACE, d_buf)
+            res = finish(mlcomm.reduce_scatter(hs, hr, "sum", algorithm=name))
+            check(f"reduce_scatter {name} {dtype} in-place", dev.get(res, dtype), want, dtype)
+            check(f"reduce_scatter {name} {dtype} in-place block 0",
+                  dev.get(d_buf, dtype)[:n], want, dtype)
+        for name in COLLECTIVES.get("allgather", {}):
+            host = host_data(rng, dtype, n, rank)
+            want = np.empty(n * p, dtype)
+            comm.Allgather(host, want)
+            d_recv = dev.empty(n * p, dtype)
+            hs, hr, finish = gpu.stage(dev.put(host), d_recv)
+            finish(mlcomm.allgather(hs, hr, algorithm=name))
+            check(f"allgather {name} {dtype}", dev.get(d_recv, dtype), want, dtype)
+        for name in COLLECTIVES.get("bcast", {}):
+            for root in {0, p - 1}:
+                host = host_data(rng, dtype, n, rank)
+                want = host.copy()
+                comm.Bcast(want, root)
+                d_buf = dev.put(host)
+                hs, hr, finish = gpu.stage(d_buf, None)
+                res = finish(mlcomm.bcast(hs, root, algorithm=name))
+                if res is not d_buf:
+                    failures.append(f"rank {rank} bcast {name}: result is not the buffer")
+                check(f"bcast {name} {dtype} root={root}", dev.get(d_buf, dtype), want, dtype)
+        for name in COLLECTIVES.get("reduce", {}):
+            for root in {0, p - 1}:
+                host = host_data(rng, dtype, n, rank)
+                want = reference(comm, host, dtype, "sum")
+                d_recv = dev.empty(n, dtype)
+                hs, hr, finish = gpu.stage(dev.put(host), d_recv)
+                res = finish(mlcomm.reduce(hs, hr, "sum", root, algorithm=name))
+                if rank == root:
+                    check(f"reduce {name} {dtype} root={root}", dev.get(d_recv, dtype), want,
+                          dtype)
+                elif res is not None:
+                    failures.append(f"rank {rank} reduce {name}: non-root got a result")
+
+    # the Numba CUDA (or CuPy) kernel on device arrays: sum of two ranks' data, and bfloat16
+    backend = "cupy" if args.cupy else "cuda"
+    for dtype in (np.dtype(np.float32), BF16):
+        x, y = host_data(rng, dtype, 33, rank), host_data(rng, dtype, 33, rank + 1)
+        dx, dy = dev.put(x), dev.put(y)
+        kernels.reduce_into(dx, dy, "sum", backend=backend, dtype=BF16 if dtype == BF16 else None)
+        check(f"reduce_into {backend} {dtype}", dev.get(dx, dtype),
+              (x.astype(np.float64) + y.astype(np.float64)), dtype)
+
+    everyone = comm.gather(failures, root=0)
+    total = comm.reduce(cases, root=0)
+    if rank == 0:
+        bad = [f for fs in everyone for f in fs]
+        for line in bad[:20]:
+            print("MISMATCH", line)
+        kind = "cupy" if args.cupy else ("numba-cudasim" if gpu._simulator() else "numba-cuda")
+        print(f"gpu_job: {p} ranks, {kind} device arrays, {len(algorithms)} allreduce algorithms "
+              f"x {len(DTYPES)} dtypes, {total} checks, {len(bad)} mismatches; "
+              f"CUDA-aware: {gpu.cuda_aware_decision()}")
+        sys.stdout.flush()
+        return 1 if bad else 0
+    return 0
+
+
+if __name__ == "__main__":
+    code = abort_on_error(main)
+    code = MPI.COMM_WORLD.bcast(code, root=0)
+    sys.exit(code)
