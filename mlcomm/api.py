@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from . import kernels
+from . import gpu, kernels
 from .algorithms import AUTO, COLLECTIVES, MPI_NATIVE
 from .executor import MPI, is_in_place, native_call, op_name, plan_cache, private_comm, run_plan
 from .select import auto_choice, requested
@@ -81,6 +81,16 @@ def _validate_across_ranks(pcomm, signature, error):
 
 
 def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
+    if gpu.is_device_array(sendbuf) or gpu.is_device_array(recvbuf):
+        # device arrays are staged through (pinned) host memory; the result lands on the device
+        dtype, stream = options.pop("dtype", None), options.pop("stream", None)
+        host_send, host_recv, finish = gpu.stage(sendbuf, recvbuf, dtype=dtype, stream=stream)
+        return finish(_run_host(collective, host_send, host_recv, op, comm, algorithm, root,
+                                validate, options))
+    return _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options)
+
+
+def _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
     comm = _comm(comm)
     p, rank = comm.Get_size(), comm.Get_rank()
     if validate is None:

@@ -11,7 +11,7 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
-from . import api, kernels
+from . import api, gpu, kernels
 from .executor import op_name
 
 __all__ = ["Comm"]
@@ -79,6 +79,9 @@ class Comm(MPI.Intracomm):
         return name if kernels.is_supported(dtype, name) else None
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
+        if gpu.is_device_array(sendbuf) or gpu.is_device_array(recvbuf):
+            api.allreduce(sendbuf, recvbuf, op_name(op), comm=self, algorithm=self.algorithm)
+            return
         arrays = _plain(sendbuf, recvbuf)
         name = self._reducible(arrays, op)
         if name is None:

@@ -51,7 +51,9 @@ def explain(p: int, nbytes: int, *, profile=None, dtype=None, op=None, candidate
     times = predict(p, nbytes, profile=profile, dtype=dtype, op=op, candidates=candidates)
     # exact ties (p = 2, where several schedules coincide) go to the earlier name in _PREFER
     rank = {name: i for i, name in enumerate(_PREFER)}
-    choice = min(times, key=lambda name: (times[name], rank.get(name, len(rank))))
+    best = min(times.values())
+    near = lambda t: round(t / best, 9) if best > 0 else t  # float noise is a tie
+    choice = min(times, key=lambda name: (near(times[name]), rank.get(name, len(rank))))
     return choice, times, profile
 
 

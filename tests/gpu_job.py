@@ -5,9 +5,9 @@ Run under mpiexec, normally with NUMBA_ENABLE_CUDASIM=1 (Numba's CUDA simulator,
     NUMBA_ENABLE_CUDASIM=1 mpiexec -n 3 python tests/gpu_job.py [--cupy]
 
 Each rank builds device arrays (Numba device arrays, or CuPy arrays with ``--cupy``) of
-float32, float64, int32, float16 and bfloat16 (raw uint16 + ``dtype=``), stages them with
-``mlcomm.gpu.stage``, runs ``mlcomm.allreduce`` with every algorithm out of place, in place
-and with recvbuf=None, copies the result back with ``finish`` and compares it with
+float32, float64, int32, float16 and bfloat16 (raw uint16 + ``dtype=``), passes them straight to
+``mlcomm``'s collectives (which stage them through host memory), runs ``mlcomm.allreduce``
+with every algorithm out of place, in place and with recvbuf=None, and compares it with
 ``comm.Allreduce`` on host copies (exact for integers, a tolerance for floats). The other
 collectives go through every algorithm once with float32 and int32. ``reduce_into`` runs
 once with the "cuda" backend on device arrays. Prints one summary line on rank 0 and exits
@@ -124,8 +124,7 @@ def main():
                     label = f"{name} {dtype} n={n} {op}"
                     # out of place into a device recvbuf
                     d_send, d_recv = dev.put(host), dev.empty(n, dtype)
-                    hs, hr, finish = gpu.stage(d_send, d_recv, dtype=dt)
-                    res = finish(mlcomm.allreduce(hs, hr, op, algorithm=name))
+                    res = mlcomm.allreduce(d_send, d_recv, op, algorithm=name, dtype=dt)
                     if res is not d_recv:
                         failures.append(f"rank {rank} {label}: result is not recvbuf")
                     check(label + " out-of-place", dev.get(d_recv, dtype), want, dtype)
@@ -133,12 +132,10 @@ def main():
                         failures.append(f"rank {rank} {label}: sendbuf changed")
                     # in place
                     d_buf = dev.put(host)
-                    hs, hr, finish = gpu.stage(MPI.IN_PLACE, d_buf, dtype=dt)
-                    res = finish(mlcomm.allreduce(hs, hr, op, algorithm=name))
+                    res = mlcomm.allreduce(MPI.IN_PLACE, d_buf, op, algorithm=name, dtype=dt)
                     check(label + " in-place", dev.get(d_buf, dtype), want, dtype)
                     if op == "sum":  # recvbuf=None: a new device array
-                        hs, hr, finish = gpu.stage(dev.put(host), None, dtype=dt)
-                        res = finish(mlcomm.allreduce(hs, hr, op, algorithm=name))
+                        res = mlcomm.allreduce(dev.put(host), None, op, algorithm=name, dtype=dt)
                         check(label + " recvbuf=None", dev.get(res, dtype), want, dtype)
 
     # the pinned/host staging buffers are reused for the same shape and dtype
@@ -157,12 +154,10 @@ def main():
             full = reference(comm, host, dtype, "sum")
             want = full[rank * n:(rank + 1) * n]
             d_recv = dev.empty(n, dtype)
-            hs, hr, finish = gpu.stage(dev.put(host), d_recv)
-            finish(mlcomm.reduce_scatter(hs, hr, "sum", algorithm=name))
+            mlcomm.reduce_scatter(dev.put(host), d_recv, "sum", algorithm=name)
             check(f"reduce_scatter {name} {dtype}", dev.get(d_recv, dtype), want, dtype)
             d_buf = dev.put(host)  # in place: the result is recvbuf's first block
-            hs, hr, finish = gpu.stage(MPI.IN_PLACE, d_buf)
-            res = finish(mlcomm.reduce_scatter(hs, hr, "sum", algorithm=name))
+            res = mlcomm.reduce_scatter(MPI.IN_PLACE, d_buf, "sum", algorithm=name)
             check(f"reduce_scatter {name} {dtype} in-place", dev.get(res, dtype), want, dtype)
             check(f"reduce_scatter {name} {dtype} in-place block 0",
                   dev.get(d_buf, dtype)[:n], want, dtype)
@@ -171,8 +166,7 @@ def main():
             want = np.empty(n * p, dtype)
             comm.Allgather(host, want)
             d_recv = dev.empty(n * p, dtype)
-            hs, hr, finish = gpu.stage(dev.put(host), d_recv)
-            finish(mlcomm.allgather(hs, hr, algorithm=name))
+            mlcomm.allgather(dev.put(host), d_recv, algorithm=name)
             check(f"allgather {name} {dtype}", dev.get(d_recv, dtype), want, dtype)
         for name in COLLECTIVES.get("bcast", {}):
             for root in {0, p - 1}:
@@ -180,8 +174,7 @@ def main():
                 want = host.copy()
                 comm.Bcast(want, root)
                 d_buf = dev.put(host)
-                hs, hr, finish = gpu.stage(d_buf, None)
-                res = finish(mlcomm.bcast(hs, root, algorithm=name))
+                res = mlcomm.bcast(d_buf, root, algorithm=name)
                 if res is not d_buf:
                     failures.append(f"rank {rank} bcast {name}: result is not the buffer")
                 check(f"bcast {name} {dtype} root={root}", dev.get(d_buf, dtype), want, dtype)
@@ -190,8 +183,7 @@ def main():
                 host = host_data(rng, dtype, n, rank)
                 want = reference(comm, host, dtype, "sum")
                 d_recv = dev.empty(n, dtype)
-                hs, hr, finish = gpu.stage(dev.put(host), d_recv)
-                res = finish(mlcomm.reduce(hs, hr, "sum", root, algorithm=name))
+                res = mlcomm.reduce(dev.put(host), d_recv, "sum", root, algorithm=name)
                 if rank == root:
                     check(f"reduce {name} {dtype} root={root}", dev.get(d_recv, dtype), want,
                           dtype)
