@@ -165,13 +165,22 @@ def compile_schedules(schedules, itemsize: int = 8) -> Program:
 
 
 @njit(cache=True)
+def _before(key, tie, val, i, j, or_equal):
+    """Heap order: entry i comes before entry j by (key, tie, val)."""
+    if key[i] != key[j]:
+        return key[i] < key[j]
+    if tie[i] != tie[j]:
+        return tie[i] < tie[j]
+    return val[i] <= val[j] if or_equal else val[i] < val[j]
+
+
+@njit(cache=True)
 def _heap_push(key, tie, val, n, k, t, v):
     i = n
     key[i] = k; tie[i] = t; val[i] = v
     while i > 0:
         j = (i - 1) >> 1
-        if key[j] < key[i] or (key[j] == key[i] and (tie[j] < tie[i] or
-                                                     (tie[j] == tie[i] and val[j] <= val[i]))):
+        if _before(key, tie, val, j, i, True):
             break
         key[i], key[j] = key[j], key[i]
         tie[i], tie[j] = tie[j], tie[i]
@@ -192,11 +201,9 @@ def _heap_pop(key, tie, val, n):
             break
         b = a + 1
         c = a
-        if b < n and (key[b] < key[a] or (key[b] == key[a] and (
-                tie[b] < tie[a] or (tie[b] == tie[a] and val[b] < val[a])))):
+        if b < n and _before(key, tie, val, b, a, False):
             c = b
-        if key[i] < key[c] or (key[i] == key[c] and (tie[i] < tie[c] or
-                                                     (tie[i] == tie[c] and val[i] <= val[c]))):
+        if _before(key, tie, val, i, c, True):
             break
         key[i], key[c] = key[c], key[i]
         tie[i], tie[c] = tie[c], tie[i]
