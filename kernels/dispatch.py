@@ -13,8 +13,8 @@ import numpy as np
 from . import numpy_backend
 from .ops import check_op, normalize_op
 
-__all__ = ["BACKENDS", "NUMBA_MIN_BYTES", "reduce_into", "finalize", "select_backend",
-           "backends"]
+__all__ = ["BACKENDS", "NUMBA_MIN_BYTES", "reduce_into", "kernel_for", "finalize",
+           "select_backend", "backends"]
 
 #: Every backend name, CPU first.
 BACKENDS = ("numpy", "numba", "cuda", "cupy")
@@ -93,6 +93,19 @@ def _module(name):
         from . import cupy_backend
         return cupy_backend
     raise ValueError(f"unknown kernel backend {name!r}; choose one of {', '.join(BACKENDS)}")
+
+
+def kernel_for(dst, src, op):
+    """Return ``fn(dst, src)`` reducing with the backend chosen now, for these NumPy views.
+
+    Cached plans bind it once, so a repeated collective skips the per-call dispatch.
+    """
+    op = normalize_op(op)
+    check_op(dst.dtype, op)
+    name = select_backend(dst, src, op)
+    module = _module(name)
+    reduce = module.reduce_into
+    return lambda d, s: reduce(d, s, op)
 
 
 def _device_dtype(a, dtype):

@@ -13,7 +13,7 @@ import atexit
 import numpy as np
 from mpi4py import MPI
 
-from .kernels import reduce_into
+from .kernels import kernel_for
 from .plan import PlanCache
 
 __all__ = ["IN_PLACE", "private_comm", "plan_cache", "run_plan", "native_call", "mpi_op",
@@ -107,7 +107,6 @@ class _Binding:
         size = out.dtype.itemsize
         view = lambda s: typed[s[0]][s[1]:s[2]]
         byteview = lambda s: [raw[s[1]][s[2] * size:s[3] * size], MPI.BYTE]
-        reduce = lambda dst, src: reduce_into(dst, src, op)
         self.steps, self.requests = [], []
         for sends, recvs, ops in plan.steps:
             reqs = [comm.Recv_init(byteview(r), r[0], _TAG) for r in recvs]
@@ -118,8 +117,8 @@ class _Binding:
                 if is_copy:
                     if not np.shares_memory(d, s):
                         calls.append((np.copyto, d, s))
-                else:
-                    calls.append((reduce, d, s))
+                elif d.size:
+                    calls.append((kernel_for(d, s, op), d, s))
             self.steps.append((reqs, calls))
             self.requests += reqs
         self.scratch = scratch
