@@ -121,6 +121,9 @@ class _Mode:
     def logger_rank(self):
         return 0
 
+    def resume_at(self, step):
+        """Continue from ``step`` after a checkpoint was loaded."""
+
     def finish(self):
         """Leave identical final parameters on every rank (collective)."""
 
@@ -318,6 +321,10 @@ class SSP(_Mode):
             req.Wait()
         MPI.Request.Waitall([q for q, _ in self.sends])
         self.sends = []
+
+    def resume_at(self, step):
+        self.clock = step
+        self.received = [None if r == self.rank else step for r in range(self.size)]
 
     def sync_point(self, step):
         self._drain()

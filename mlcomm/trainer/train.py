@@ -292,12 +292,18 @@ def _train(cfg, comm):
     ctx = _Context(cfg, comm)
     mode = make_mode(ctx)
     start = _load(ctx, mode) if cfg.resume else 0
+    mode.resume_at(start)
     crash_at = int(os.environ.get("MLCOMM_TRAIN_CRASH_AT", -1))     # test hook: hard kill
     term_at = int(os.environ.get("MLCOMM_TRAIN_SIGTERM_AT", -1))    # test hook: SIGTERM to last rank
 
     previous = None
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, lambda *_: ctx._stop.set())
+        def _on_term(signum, frame):
+            if ctx._stop.is_set():  # a second SIGTERM: the job may be stuck, so die now
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+            ctx._stop.set()
+        previous = signal.signal(signal.SIGTERM, _on_term)
     logger = ctx.rank == mode.logger_rank
     rows, bar, acc, total_bytes = [], None, float("nan"), 0
     if logger and cfg.progress:
@@ -314,7 +320,7 @@ def _train(cfg, comm):
             while step < cfg.steps:
                 if step == crash_at and ctx.rank == 0:
                     comm.Abort(3)
-                if step == term_at and ctx.rank == ctx.size - 1:
+                if 0 <= term_at <= step and ctx.rank == ctx.size - 1 and not ctx.stop_requested():
                     os.kill(os.getpid(), signal.SIGTERM)
                 t0 = time.perf_counter()
                 info = mode.step(step)
