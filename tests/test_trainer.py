@@ -100,8 +100,9 @@ for path in ckpts:
 """
 
 RUN_BODY = """
+extra = dict(sync="ssp", staleness=1) if sys.argv[2:] == ["ssp"] else {}
 res = train(checkpoint=sys.argv[1], checkpoint_every=5, compress="topk:0.1",
-            **dict(SMALL, steps=30))
+            **dict(SMALL, steps=30), **extra)
 if rank == 0:
     print(f"STOPPED={res.stopped} STEP={res.step}")
 """
@@ -122,6 +123,15 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path):
     assert not list(tmp_path.glob("*.tmp.*"))
     proc = mpirun(3, [_script(tmp_path, RESUME_BODY, "resume.py"), crashed, termed], timeout=60)
     assert proc.stdout.count("OK resumed") == 2, proc.stdout
+    # SSP (s=1) stops on SIGTERM at a common clock and resumes to the end
+    ssp = tmp_path / "ssp.npz"
+    proc = mpirun(3, [run, ssp, "ssp"], env={"MLCOMM_TRAIN_SIGTERM_AT": "7"}, timeout=60)
+    assert "STOPPED=True" in proc.stdout, proc.stdout
+    proc = mpirun(3, ["-m", "mlcomm.cli", "train", "--sync", "ssp", "--staleness", "1",
+                      "--compress", "topk:0.1", "--steps", "30", "--checkpoint", ssp, "--resume",
+                      "--model", "mlp1", "--hidden", "16", "--batch-size", "8", "--dtype",
+                      "float64", "--no-progress"], timeout=60)
+    assert "finished step 30" in proc.stdout, proc.stdout
 
 
 MODES_BODY = """
