@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import sys
 from collections import defaultdict
@@ -62,6 +63,9 @@ def _train_all(args):
     if MPI.COMM_WORLD.Get_rank() == 0:
         meta = f"P={size}, straggler {straggle}, {args.steps} steps, algorithm {args.algorithm}"
         print(meta)
+        with open(os.path.join(HERE, "train_figures.json"), "w") as fh:
+            json.dump({"ranks": size, "straggler": straggle, "steps": args.steps,
+                       "algorithm": args.algorithm}, fh, indent=1)
         _write(os.path.join(HERE, "train_straggler.csv"), strag)
         _write(os.path.join(HERE, "train_compress.csv"), comp)
     return MPI.COMM_WORLD.Get_rank() == 0
@@ -73,10 +77,13 @@ def _plot(title_suffix=""):
     import matplotlib.pyplot as plt
     from mlcomm.trainer.metrics import plot_runs
 
+    with open(os.path.join(HERE, "train_figures.json")) as fh:
+        meta = json.load(fh)
     strag = _read(os.path.join(HERE, "train_straggler.csv"))
+    ms = meta["straggler"].partition(":")[2]
     plot_runs(strag, os.path.join(HERE, "train_straggler.png"),
-              title="digits, MLP 64-128-10, 4 ranks, one random rank per step delayed"
-                    + title_suffix)
+              title=f"digits, MLP 64-128-10, {meta['ranks']} ranks, one random rank per step "
+                    f"sleeps {ms} ms (bsp: {meta['algorithm']} all-reduce)" + title_suffix)
     comp = _read(os.path.join(HERE, "train_compress.csv"))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for label, rows in comp.items():
@@ -93,7 +100,8 @@ def _plot(title_suffix=""):
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8, title="--compress")
-    fig.suptitle("BSP gradient compression on digits, 4 ranks")
+    fig.suptitle(f"BSP gradient compression on digits, {meta['ranks']} ranks "
+                 f"(dense: {meta['algorithm']} all-reduce; compressed: MPI_Allgatherv)")
     fig.tight_layout()
     fig.savefig(os.path.join(HERE, "train_compress.png"), dpi=110)
     plt.close(fig)
