@@ -6,7 +6,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import ROOT, mpirun
+from conftest import mpirun
 
 PRELUDE = """
 import sys

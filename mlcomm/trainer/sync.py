@@ -99,7 +99,7 @@ def _unpack_header(buf):
     return int(step), float(loss), bool(flag), int(samples)
 
 
-def _recv_bytes(comm, source, tag, status=None):
+def _recv_bytes(comm, source, tag):
     """Receive one message of unknown size as bytes; return (payload, source)."""
     st = MPI.Status()
     comm.Probe(source, tag, st)
@@ -369,8 +369,6 @@ class Backup(_Mode):
         self.got = {}          # gradients received per worker (rank 0)
         self.dropped = 0
         self.next_step = None
-        self.done = False
-        self.finished_workers = set()
 
     def step(self, t):
         c, info = self.ctx, StepInfo(step=t)

@@ -343,7 +343,7 @@ def _train(cfg, comm):
                                  "mode": _mode_label(cfg)})
                     if bar is not None:
                         bar.update(step - bar.n)
-                        bar.set_postfix(loss=f"{info.loss:.3f}", acc=f"{acc:.3f}")
+                        bar.set_postfix(loss=f"{info.loss:.3g}", acc=f"{acc:.3f}")
                 if cfg.checkpoint and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 \
                         and step < cfg.steps and not info.stop and mode.periodic_checkpoints:
                     if isinstance(mode, Backup):
