@@ -76,9 +76,14 @@ def test_gpu_job_one_gpu_per_rank():
 
 
 def test_train_job():
-    cmd = dry_run("slurm_train.sbatch", "--epochs", "3", NODES="2", TASKS_PER_NODE="4")
+    cmd = dry_run("slurm_train.sbatch", "--steps", "3", NODES="2", TASKS_PER_NODE="4")
     assert cmd == ["srun", "--mpi=pmix", "--nodes=2", "--ntasks-per-node=4",
-                   "mlcomm", "train", "--epochs", "3"]
+                   "mlcomm", "train", "--checkpoint", "mlcomm_train_ckpt.npz",
+                   "--checkpoint-every", "50", "--resume", "--metrics", "mlcomm_train.csv",
+                   "--steps", "3"]
+    # the options it passes are the trainer's own
+    from mlcomm.cli import _parser
+    _parser().parse_args(cmd[4 + 1:])
 
 
 def test_hostfile_recipe_really_runs(tmp_path):
