@@ -98,11 +98,14 @@ def _module(name):
 def kernel_for(dst, src, op):
     """Return ``fn(dst, src)`` reducing with the backend chosen now, for these NumPy views.
 
-    Cached plans bind it once, so a repeated collective skips the per-call dispatch.
+    Cached plans bind it once, so a repeated collective skips the per-call dispatch.  The
+    caller runs it under ``np.errstate(all="ignore")`` (MPI reductions never warn).
     """
     op = normalize_op(op)
     check_op(dst.dtype, op)
     name = select_backend(dst, src, op)
+    if name == "numpy":
+        return numpy_backend.bare_kernel(op)
     module = _module(name)
     reduce = module.reduce_into
     return lambda d, s: reduce(d, s, op)

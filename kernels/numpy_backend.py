@@ -2,7 +2,7 @@
 
 import numpy as np
 
-__all__ = ["available", "reduce_into", "finalize", "copy"]
+__all__ = ["available", "reduce_into", "bare_kernel", "finalize", "copy"]
 
 _UFUNCS = {
     "sum": np.add, "avg": np.add, "prod": np.multiply,
@@ -29,6 +29,12 @@ def reduce_into(dst, src, op):
         # MPI reductions never warn on overflow or NaN; neither do we.
         with np.errstate(all="ignore"):
             ufunc(dst, src, out=dst)
+
+
+def bare_kernel(op):
+    """Return ``fn(dst, src)`` without the warning guard: the caller holds ``np.errstate``."""
+    ufunc = _UFUNCS[op]
+    return lambda dst, src: ufunc(dst, src, out=dst)
 
 
 def finalize(dst, op, nranks):

@@ -44,7 +44,7 @@ def _array(buf, name, writable=False):
         raise ValueError(f"{name} is not C-contiguous; pass np.ascontiguousarray({name})")
     if writable and not arr.flags.writeable:
         raise ValueError(f"{name} is read-only; pass a writable array")
-    return arr.reshape(-1)
+    return arr if arr.ndim == 1 else arr.reshape(-1)
 
 
 def _check_options(collective, algorithm, options):
@@ -81,7 +81,8 @@ def _validate_across_ranks(pcomm, signature, error):
 
 
 def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
-    if gpu.is_device_array(sendbuf) or gpu.is_device_array(recvbuf):
+    if type(sendbuf) is not np.ndarray and (gpu.is_device_array(sendbuf)
+                                            or gpu.is_device_array(recvbuf)):
         # device arrays are staged through (pinned) host memory; the result lands on the device
         dtype, stream = options.pop("dtype", None), options.pop("stream", None)
         host_send, host_recv, finish = gpu.stage(sendbuf, recvbuf, dtype=dtype, stream=stream)
@@ -117,7 +118,7 @@ def _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
             options = dict(options, root=root)
         plan = pcomm.plans.get(collective, name, rank, p, count, out.dtype, opname, options)
         run_plan(pcomm.comm, plan, inp, out, opname)
-    if collective in ("allreduce", "reduce_scatter") or (collective == "reduce" and rank == root):
+    if opname == "avg" and (collective != "reduce" or rank == root):
         kernels.finalize(out, opname, p)
     return out
 

@@ -99,8 +99,8 @@ class _Binding:
     """A plan bound to concrete arrays: sliced views, persistent requests, kernels."""
 
     def __init__(self, comm, plan, inp, out, op):
-        self.key = (inp.__array_interface__["data"][0], out.__array_interface__["data"][0],
-                    inp.size, out.size, inp.dtype.str)
+        self.inp, self.out = inp, out
+        self.key = _buffer_key(inp, out)
         scratch = np.empty(plan.schedule.scratch_count, out.dtype)
         typed = {"input": inp, "output": out, "scratch": scratch}
         raw = {k: v.view(np.uint8) for k, v in typed.items()}
@@ -125,12 +125,13 @@ class _Binding:
 
     def run(self):
         startall, waitall = MPI.Prequest.Startall, MPI.Request.Waitall
-        for reqs, calls in self.steps:
-            if reqs:
-                startall(reqs)
-                waitall(reqs)
-            for fn, d, s in calls:
-                fn(d, s)
+        with np.errstate(all="ignore"):
+            for reqs, calls in self.steps:
+                if reqs:
+                    startall(reqs)
+                    waitall(reqs)
+                for fn, d, s in calls:
+                    fn(d, s)
 
     def free(self):
         if not MPI.Is_finalized():
@@ -140,12 +141,17 @@ class _Binding:
         self.requests = []
 
 
+def _buffer_key(inp, out):
+    return (inp.__array_interface__["data"][0], out.__array_interface__["data"][0],
+            inp.size, out.size, inp.dtype.str)
+
+
 def run_plan(comm, plan, inp: np.ndarray, out: np.ndarray, op: str) -> None:
     """Run ``plan`` on 1-D contiguous ``inp`` and ``out`` (the same array when in place)."""
     bound = plan.bound
-    if bound is None or bound.key != (inp.__array_interface__["data"][0],
-                                      out.__array_interface__["data"][0],
-                                      inp.size, out.size, inp.dtype.str):
+    # the same array objects hold the same memory (the binding's reference pins it)
+    if bound is None or not (bound.inp is inp and bound.out is out) \
+            and bound.key != _buffer_key(inp, out):
         if bound is not None:
             bound.free()
         plan.bound = bound = _Binding(comm, plan, inp, out, op)

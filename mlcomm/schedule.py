@@ -9,6 +9,7 @@ Messages between one pair of ranks match in the order they are posted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 __all__ = [
     "INPUT", "OUTPUT", "SCRATCH", "BUFFERS",
@@ -20,8 +21,10 @@ INPUT, OUTPUT, SCRATCH = "input", "output", "scratch"
 BUFFERS = (INPUT, OUTPUT, SCRATCH)
 
 
-@dataclass(frozen=True, slots=True)
-class Region:
+# Immutable records are NamedTuples: a schedule at p = 1024 holds millions of them, and a
+# NamedTuple builds in half the time of a frozen dataclass.
+
+class Region(NamedTuple):
     """A contiguous run of ``count`` elements at ``offset`` in ``buffer``."""
 
     buffer: str
@@ -41,28 +44,24 @@ class Region:
         return Region(self.buffer, self.offset + offset, count)
 
 
-@dataclass(frozen=True, slots=True)
-class Send:
+class Send(NamedTuple):
     peer: int
     region: Region
 
 
-@dataclass(frozen=True, slots=True)
-class Recv:
+class Recv(NamedTuple):
     peer: int
     region: Region
 
 
-@dataclass(frozen=True, slots=True)
-class Reduce:
+class Reduce(NamedTuple):
     """``dst = dst (op) src``."""
 
     dst: Region
     src: Region
 
 
-@dataclass(frozen=True, slots=True)
-class Copy:
+class Copy(NamedTuple):
     dst: Region
     src: Region
 
@@ -106,7 +105,10 @@ class Timeline:
         self.now = 0
 
     def _slot(self, t: int) -> Step:
-        return self.slots.setdefault(t, Step())
+        step = self.slots.get(t)
+        if step is None:
+            step = self.slots[t] = Step()
+        return step
 
     def send(self, t: int, peer: int, region: Region) -> None:
         if region.count and peer != self.rank:

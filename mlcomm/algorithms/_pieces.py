@@ -21,6 +21,8 @@ __all__ = [
 
 def segments(region: Region, seg: int, nseg: int) -> list[Region]:
     """Cut ``region`` into ``nseg`` pieces of ``seg`` elements (trailing ones may be empty)."""
+    if nseg == 1:
+        return [region]
     out = []
     for j in range(nseg):
         lo = min(j * seg, region.count)

@@ -1,5 +1,7 @@
 """The MPI library's own collectives as baseline entries, ``auto``, and name lookup."""
 
+import gc
+
 from ._registry import ALGORITHMS, COLLECTIVES, register
 from .recursive_doubling import cost as _rd_cost
 from .recursive_halving_doubling import cost as _rhd_cost
@@ -39,4 +41,11 @@ def build_schedules(name, size, count, itemsize=8, collective="allreduce", **opt
     algo = COLLECTIVES[collective][resolve(name, collective)]
     if algo.build is None:
         raise ValueError(f"{algo.name!r} has no schedule: it is run by the MPI library or by selection")
-    return [algo.build(r, size, count, itemsize, **options) for r in range(size)]
+    # Millions of small acyclic records: the cyclic GC would rescan them all as they pile up.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return [algo.build(r, size, count, itemsize, **options) for r in range(size)]
+    finally:
+        if was_enabled:
+            gc.enable()
