@@ -175,6 +175,13 @@ def _before(key, tie, val, i, j, or_equal):
 
 
 @njit(cache=True)
+def _swap(key, tie, val, i, j):
+    key[i], key[j] = key[j], key[i]
+    tie[i], tie[j] = tie[j], tie[i]
+    val[i], val[j] = val[j], val[i]
+
+
+@njit(cache=True)
 def _heap_push(key, tie, val, n, k, t, v):
     i = n
     key[i] = k; tie[i] = t; val[i] = v
@@ -182,9 +189,7 @@ def _heap_push(key, tie, val, n, k, t, v):
         j = (i - 1) >> 1
         if _before(key, tie, val, j, i, True):
             break
-        key[i], key[j] = key[j], key[i]
-        tie[i], tie[j] = tie[j], tie[i]
-        val[i], val[j] = val[j], val[i]
+        _swap(key, tie, val, i, j)
         i = j
     return n + 1
 
@@ -205,9 +210,7 @@ def _heap_pop(key, tie, val, n):
             c = b
         if _before(key, tie, val, i, c, True):
             break
-        key[i], key[c] = key[c], key[i]
-        tie[i], tie[c] = tie[c], tie[i]
-        val[i], val[c] = val[c], val[i]
+        _swap(key, tie, val, i, c)
         i = c
     return k, v, n
 
