@@ -132,7 +132,8 @@ def _auto(pcomm, collective, p, count, dtype):
     key = (id(pcomm), collective, count, dtype.str)
     name = _CHOICES.get(key)
     if name is None:
-        mine = auto_choice(collective, p, count * dtype.itemsize) if pcomm.comm.Get_rank() == 0 else None
+        mine = auto_choice(collective, p, count * dtype.itemsize, itemsize=dtype.itemsize) \
+            if pcomm.comm.Get_rank() == 0 else None
         name = pcomm.comm.bcast(mine, root=0)
         _CHOICES[key] = name
     return name

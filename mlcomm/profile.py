@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = [
-    "DEFAULT_ALPHA", "DEFAULT_BETA", "DEFAULT_GAMMA",
+    "DEFAULT_ALPHA", "DEFAULT_BETA", "DEFAULT_GAMMA", "DEFAULT_STEP_OVERHEAD",
+    "DEFAULT_OP_OVERHEAD",
     "Profile", "default_path", "load_profile", "save_profile",
 ]
 
@@ -30,6 +31,11 @@ __all__ = [
 DEFAULT_ALPHA = 2e-6
 DEFAULT_BETA = 1 / 12.5e9
 DEFAULT_GAMMA = 1 / 10e9
+
+#: What the Python executor adds per schedule step (Startall/Waitall) and per local op,
+#: measured on the 2-core development machine (see README, Performance).
+DEFAULT_STEP_OVERHEAD = 2e-6
+DEFAULT_OP_OVERHEAD = 0.7e-6
 
 _VERSION = 1
 
@@ -42,6 +48,8 @@ class Profile:
     beta: float = DEFAULT_BETA
     gamma: float = DEFAULT_GAMMA
     gammas: dict = field(default_factory=dict)
+    step_overhead: float = DEFAULT_STEP_OVERHEAD
+    op_overhead: float = DEFAULT_OP_OVERHEAD
     source: str = "built-in defaults"
     meta: dict = field(default_factory=dict)
 
@@ -63,7 +71,8 @@ class Profile:
 
     def to_json(self) -> dict:
         data = {"version": _VERSION, "alpha": self.alpha, "beta": self.beta,
-                "gamma": self.gamma, "gammas": self.gammas}
+                "gamma": self.gamma, "gammas": self.gammas,
+                "step_overhead": self.step_overhead, "op_overhead": self.op_overhead}
         data.update(self.meta)
         return data
 
@@ -104,12 +113,16 @@ def load_profile(path=None) -> Profile:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
         meta = {k: v for k, v in data.items()
-                if k not in ("alpha", "beta", "gamma", "gammas", "version")}
+                if k not in ("alpha", "beta", "gamma", "gammas", "version", "step_overhead",
+                             "op_overhead")}
         _cache.clear()
         _cache[key] = Profile(alpha=float(data.get("alpha", DEFAULT_ALPHA)),
                               beta=float(data.get("beta", DEFAULT_BETA)),
                               gamma=float(data.get("gamma", DEFAULT_GAMMA)),
                               gammas=data.get("gammas", {}) or {},
+                              step_overhead=float(data.get("step_overhead",
+                                                           DEFAULT_STEP_OVERHEAD)),
+                              op_overhead=float(data.get("op_overhead", DEFAULT_OP_OVERHEAD)),
                               source=str(path), meta=meta)
     return _cache[key]
 

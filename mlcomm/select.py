@@ -8,8 +8,11 @@ from __future__ import annotations
 import logging
 import os
 
+from functools import lru_cache
+
 from .algorithms import ALGORITHMS, AUTO, COLLECTIVES, resolve
-from .profile import load_profile
+from .schedule import INPUT, Copy
+from .profile import DEFAULT_GAMMA, DEFAULT_OP_OVERHEAD, DEFAULT_STEP_OVERHEAD, load_profile
 
 log = logging.getLogger("mlcomm")
 
@@ -29,9 +32,33 @@ _PREFER = ("recursive_doubling", "recursive_halving_doubling", "ring", "double_b
            "parameter_server", "single_master", "naive")
 
 
+@lru_cache(maxsize=512)
+def _local_work(name: str, p: int, count: int, itemsize: int) -> tuple:
+    """Steps, local ops and copied bytes the closed forms omit, on the busiest sampled rank.
+
+    Ranks 0, 1, p/2 and p-1 stand in for all: building every rank's schedule is O(p^2).
+    """
+    worst = (0, 0, 0.0)
+    for rank in sorted({0, min(1, p - 1), p // 2, p - 1}):
+        schedule = ALGORITHMS[name].build(rank, p, count, itemsize)
+        ops = [op for step in schedule.steps for op in step.ops]
+        # a copy from input is free in place but not out of place: count it half
+        copied = sum(op.dst.count * (0.5 if op.src.buffer == INPUT else 1.0)
+                     for op in ops if isinstance(op, Copy))
+        work = (len(schedule.steps), len(ops), copied * itemsize)
+        worst = max(worst, work, key=lambda w: (w[0] * DEFAULT_STEP_OVERHEAD
+                                                 + w[1] * DEFAULT_OP_OVERHEAD + w[2] * DEFAULT_GAMMA))
+    return worst
+
+
 def predict(p: int, nbytes: int, *, profile=None, dtype=None, op=None,
-            candidates=None) -> dict:
-    """Predicted seconds of every candidate all-reduce (closed forms, the profile's constants)."""
+            candidates=None, itemsize: int = 4) -> dict:
+    """Predicted seconds of every candidate all-reduce.
+
+    The closed form (the profile's alpha, beta, gamma) plus what the Python
+    executor adds per step and per local op, and the local copies, counted on
+    rank 0's schedule.
+    """
     if profile is None:
         profile = load_profile()
     gamma = profile.gamma_for(dtype, op)
@@ -39,16 +66,21 @@ def predict(p: int, nbytes: int, *, profile=None, dtype=None, op=None,
     out = {}
     for name in names:
         algo = ALGORITHMS[resolve(name)]
+        steps, ops, copied = _local_work(algo.name, p, nbytes // itemsize, itemsize)
         out[algo.name] = float(algo.cost(p, nbytes, profile.alpha, profile.beta, gamma,
-                                         **algo.options))
+                                         **algo.options)
+                               + steps * profile.step_overhead + ops * profile.op_overhead
+                               + copied * gamma)
     return out
 
 
-def explain(p: int, nbytes: int, *, profile=None, dtype=None, op=None, candidates=None):
+def explain(p: int, nbytes: int, *, profile=None, dtype=None, op=None, candidates=None,
+            itemsize: int = 4):
     """Return ``(choice, {name: predicted seconds}, profile)`` for an all-reduce of ``nbytes`` on ``p`` ranks."""
     if profile is None:
         profile = load_profile()
-    times = predict(p, nbytes, profile=profile, dtype=dtype, op=op, candidates=candidates)
+    times = predict(p, nbytes, profile=profile, dtype=dtype, op=op, candidates=candidates,
+                    itemsize=itemsize)
     # exact ties (p = 2, where several schedules coincide) go to the earlier name in _PREFER
     rank = {name: i for i, name in enumerate(_PREFER)}
     best = min(times.values())
@@ -57,16 +89,17 @@ def explain(p: int, nbytes: int, *, profile=None, dtype=None, op=None, candidate
     return choice, times, profile
 
 
-def auto_choice(collective: str, p: int, nbytes: int, *, dtype=None, op=None) -> str:
+def auto_choice(collective: str, p: int, nbytes: int, *, dtype=None, op=None,
+                itemsize: int = 4) -> str:
     """The candidate with the least predicted time, as NCCL's tuner picks.
 
-    Each all-reduce algorithm's closed-form cost is evaluated with the
-    calibrated profile (``mlcomm calibrate``; built-in defaults without
-    one).  ``MLCOMM_DEBUG=1`` logs every candidate's prediction.
+    Each all-reduce algorithm's closed-form cost, plus the executor's
+    per-step and per-op overhead and its local copies, is evaluated with the
+    calibrated profile (``mlcomm calibrate``; built-in defaults without one).  ``MLCOMM_DEBUG=1`` logs every candidate's prediction.
     """
     if collective != "allreduce":
         return next(name for name, a in COLLECTIVES[collective].items() if a.build is not None)
-    choice, times, profile = explain(p, nbytes, dtype=dtype, op=op)
+    choice, times, profile = explain(p, nbytes, dtype=dtype, op=op, itemsize=itemsize)
     if os.environ.get("MLCOMM_DEBUG") == "1":
         ranked = ", ".join(f"{n}={t * 1e6:.1f}us" for n, t in sorted(times.items(), key=lambda kv: kv[1]))
         log.warning("mlcomm: auto p=%d bytes=%d -> %s (profile: %s; %s)",

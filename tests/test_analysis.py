@@ -272,10 +272,13 @@ def test_auto_follows_the_profile(tmp_path, monkeypatch):
     load_profile.__globals__["_cache"].clear()
     choice, times, prof = explain(12, 1 << 20)
     assert prof.source == str(path)
-    # bandwidth-bound, p not a power of two: ring (which ties parameter_server at K = p)
-    assert choice == "ring" and times["ring"] == pytest.approx(min(times.values()))
-    for name, t in times.items():
-        assert t == pytest.approx(ALGORITHMS[name].cost(12, 1 << 20, 1e-9, 1e-8, 1e-12))
+    # bandwidth-bound, p not a power of two: a bandwidth-optimal algorithm (ring and the
+    # parameter server tie on the wire; the server's 2 steps beat the ring's 22 on overhead)
+    assert choice in ("ring", "parameter_server") and times[choice] == min(times.values())
+    assert times["ring"] < 0.5 * times["recursive_doubling"]
+    for name, t in times.items():  # the closed form plus the executor's small local terms
+        formula = ALGORITHMS[name].cost(12, 1 << 20, 1e-9, 1e-8, 1e-12)
+        assert formula <= t <= formula + 1e-3 * formula + 1e-4
 
 
 def test_explain_and_draw_cli(tmp_path):

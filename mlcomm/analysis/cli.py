@@ -208,7 +208,7 @@ def _explain(args) -> int:
         mark = "  <- auto" if name == choice else ""
         ratio = t / best if best > 0 else float("nan")
         print(f"{name:28s} {_seconds(t):>12s} {ratio:7.2f}x{mark}")
-    print(f"auto chooses {choice}: least predicted time (closed-form alpha-beta-gamma costs)")
+    print(f"auto chooses {choice}: least predicted time (alpha-beta-gamma closed form + per-step and per-op overhead and copies)")
     return 0
 
 
