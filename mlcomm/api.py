@@ -123,19 +123,18 @@ def _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
     return out
 
 
-_CHOICES: dict = {}
 _OPTIONS_OK: set = set()
 
 
 def _auto(pcomm, collective, p, count, dtype):
     """Rank 0's choice, broadcast once per new shape so that every rank runs the same schedule."""
-    key = (id(pcomm), collective, count, dtype.str)
-    name = _CHOICES.get(key)
+    key = (collective, count, dtype.str)
+    name = pcomm.choices.get(key)
     if name is None:
         mine = auto_choice(collective, p, count * dtype.itemsize, itemsize=dtype.itemsize) \
             if pcomm.comm.Get_rank() == 0 else None
         name = pcomm.comm.bcast(mine, root=0)
-        _CHOICES[key] = name
+        pcomm.choices[key] = name
     return name
 
 

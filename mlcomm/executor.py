@@ -49,11 +49,12 @@ def is_in_place(buf) -> bool:
 
 
 class _Private:
-    """What mlcomm keeps per user communicator: its duplicate and plan cache."""
+    """What mlcomm keeps per user communicator: its duplicate, plan cache and auto choices."""
 
     def __init__(self, comm):
         self.comm = comm.Dup()
         self.plans = PlanCache()
+        self.choices = {}
 
     def free(self):
         for plan in self.plans.plans.values():
