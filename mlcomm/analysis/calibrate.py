@@ -117,6 +117,45 @@ def measure_gamma(nbytes: int = 1 << 22, *, dtypes=GAMMA_DTYPES, ops=GAMMA_OPS,
     return out
 
 
+def measure_overheads(comm, alpha: float, *, calls: int = 2000) -> tuple[float, float]:
+    """Time what mlcomm's executor adds per schedule step and per local op (seconds).
+
+    A bound 2-element-per-rank ring plan runs ``calls`` times on ``comm``; what is left
+    after ``alpha`` per step and the measured per-op time is the per-step overhead.
+    """
+    import time
+
+    from ..executor import private_comm, run_plan
+    from ..kernels import kernel_for
+    a, b = np.ones(1), np.ones(1)
+    fn = kernel_for(a, b, "sum")
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn(a, b)
+        np.copyto(a, b)
+    op_cost = (time.perf_counter() - start) / (2 * calls)
+    private = private_comm(comm)
+    p = comm.Get_size()
+    x, y = np.ones(2 * p), np.empty(2 * p)
+    plan = private.plans.get("allreduce", "ring", comm.Get_rank(), p, 2 * p, x.dtype, "sum", {})
+    steps = len(plan.steps)
+    ops = sum(len(step[2]) for step in plan.steps)
+    for _ in range(50):
+        run_plan(private.comm, plan, x, y, "sum")
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(calls):
+        run_plan(private.comm, plan, x, y, "sum")
+    per_call = comm.allreduce(time.perf_counter() - start, op=_max()) / calls
+    step_cost = max(0.0, (per_call - ops * op_cost) / steps - alpha)
+    return step_cost, op_cost
+
+
+def _max():
+    from mpi4py import MPI
+    return MPI.MAX
+
+
 def calibrate(comm, *, sizes=None, quick: bool = False, gamma_bytes: int | None = None,
               dtypes=GAMMA_DTYPES, ops=GAMMA_OPS, path=None, write: bool = True):
     """Measure on ``comm`` (at least 2 ranks); rank 0 returns and writes the Profile, others None."""
@@ -128,6 +167,8 @@ def calibrate(comm, *, sizes=None, quick: bool = False, gamma_bytes: int | None 
                            "run `mpiexec -n 2 mlcomm calibrate`")
     sizes = tuple(sizes or (QUICK_SIZES if quick else PINGPONG_SIZES))
     samples = pingpong(comm, sizes, quick=quick)
+    alpha, beta = comm.bcast(fit_alpha_beta(samples) if comm.Get_rank() == 0 else None, root=0)
+    step_overhead, op_overhead = measure_overheads(comm, alpha, calls=500 if quick else 2000)
     gammas = {}
     if comm.Get_rank() == 0:
         gammas = measure_gamma(gamma_bytes or (1 << 20 if quick else 1 << 22),
@@ -135,7 +176,6 @@ def calibrate(comm, *, sizes=None, quick: bool = False, gamma_bytes: int | None 
     comm.Barrier()
     if comm.Get_rank():
         return None
-    alpha, beta = fit_alpha_beta(samples)
     # the default gamma: float64 sum on the faster CPU backend
     found = [t["float64"]["sum"] for t in gammas.values() if "sum" in t.get("float64", {})]
     default = min(found) if found else None
@@ -143,6 +183,7 @@ def calibrate(comm, *, sizes=None, quick: bool = False, gamma_bytes: int | None 
         flat = [v for t in gammas.values() for ops_ in t.values() for v in ops_.values()]
         default = float(np.median(flat)) if flat else Profile().gamma
     prof = Profile(alpha=alpha, beta=beta, gamma=float(default), gammas=gammas,
+                   step_overhead=step_overhead, op_overhead=op_overhead,
                    source=str(path or default_path()),
                    meta={"created": datetime.datetime.now().isoformat(timespec="seconds"),
                          "host": platform.node(),
