@@ -175,6 +175,20 @@ def _before(key, tie, val, i, j, or_equal):
 
 
 @njit(cache=True)
+def _finish_step(g, fin, step_done, step_rank, rank_first, stack_g, stack_t, sn, rank_finish):
+    """Record step ``g`` done at ``fin``; queue the rank's next step or finish the rank."""
+    step_done[g] = fin
+    r = step_rank[g]
+    if g + 1 < rank_first[r + 1]:
+        stack_g[sn] = g + 1
+        stack_t[sn] = fin
+        sn += 1
+    else:
+        rank_finish[r] = fin
+    return sn
+
+
+@njit(cache=True)
 def _swap(key, tie, val, i, j):
     key[i], key[j] = key[j], key[i]
     tie[i], tie[j] = tie[j], tie[i]
@@ -278,13 +292,8 @@ def _run(p, rank_first, step_reduce, step_ptr, step_msgs, src, dst, nbytes,
                     hn = _heap_push(hkey, htie, hval, hn, ready[mi],
                                     (dst[mi] - src[mi]) % p, mi)
             if remaining[g] == 0:
-                fin = t + step_reduce[g] * gamma
-                step_done[g] = fin
-                r = step_rank[g]
-                if g + 1 < rank_first[r + 1]:
-                    stack_g[sn] = g + 1; stack_t[sn] = fin; sn += 1
-                else:
-                    rank_finish[r] = fin
+                sn = _finish_step(g, t + step_reduce[g] * gamma, step_done, step_rank,
+                                  rank_first, stack_g, stack_t, sn, rank_finish)
         if hn == 0:
             break
         t0, mi, hn = _heap_pop(hkey, htie, hval, hn)
@@ -323,13 +332,8 @@ def _run(p, rank_first, step_reduce, step_ptr, step_msgs, src, dst, nbytes,
                 step_end[g] = end
             remaining[g] -= 1
             if remaining[g] == 0:
-                fin = step_end[g] + step_reduce[g] * gamma
-                step_done[g] = fin
-                r = step_rank[g]
-                if g + 1 < rank_first[r + 1]:
-                    stack_g[sn] = g + 1; stack_t[sn] = fin; sn += 1
-                else:
-                    rank_finish[r] = fin
+                sn = _finish_step(g, step_end[g] + step_reduce[g] * gamma, step_done, step_rank,
+                                  rank_first, stack_g, stack_t, sn, rank_finish)
     return rank_finish, msg_start, msg_end, step_done, done_msgs
 
 
