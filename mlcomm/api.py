@@ -6,12 +6,13 @@ Every argument error is raised here, before any message is sent.
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 
 import numpy as np
 
 from . import gpu, kernels
 from .algorithms import AUTO, COLLECTIVES, MPI_NATIVE
-from .executor import MPI, is_in_place, native_call, op_name, plan_cache, private_comm, run_plan
+from .executor import MPI, is_in_place, native_call, op_name, private_comm, run_plan
 from .select import auto_choice, requested
 
 __all__ = ["allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "IN_PLACE"]
@@ -86,8 +87,10 @@ def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, opti
         # device arrays are staged through (pinned) host memory; the result lands on the device
         dtype, stream = options.pop("dtype", None), options.pop("stream", None)
         host_send, host_recv, finish = gpu.stage(sendbuf, recvbuf, dtype=dtype, stream=stream)
-        return finish(_run_host(collective, host_send, host_recv, op, comm, algorithm, root,
-                                validate, options))
+        result = _run_host(collective, host_send, host_recv, op, comm, algorithm, root,
+                           validate, options)
+        no_result = collective == "reduce" and _comm(comm).Get_rank() != root
+        return finish(None if no_result else result)
     return _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options)
 
 
@@ -157,7 +160,8 @@ def _prepare(collective, sendbuf, recvbuf, op, p, rank, algorithm, root, options
             if out.size % p:
                 raise ValueError(f"in-place reduce_scatter: recvbuf has {out.size} elements, "
                                  f"not a multiple of the {p} ranks")
-            inp, out = out.copy(), out[:out.size // p]
+            # the ring schedule reads every input block before it writes the first
+            inp, out = out, out[:out.size // p]
         elif collective == "allgather":
             if out.size % p:
                 raise ValueError(f"in-place allgather: recvbuf has {out.size} elements, "
@@ -172,7 +176,11 @@ def _prepare(collective, sendbuf, recvbuf, op, p, rank, algorithm, root, options
         if collective == "reduce_scatter" and inp.size % p:
             raise ValueError(f"reduce_scatter: sendbuf has {inp.size} elements, not a multiple of "
                              f"the {p} ranks; pad it to {-(-inp.size // p) * p}")
-        if recvbuf is None or (collective == "reduce" and rank != root):
+        if collective == "reduce" and rank != root:
+            want = 0  # only the root has a result; the schedule accumulates in its scratch
+        if want == 0:
+            out = _no_output(inp.dtype)
+        elif recvbuf is None:
             out = np.empty(want, inp.dtype)
         else:
             out = _array(recvbuf, "recvbuf", writable=True)
@@ -193,6 +201,12 @@ def _prepare(collective, sendbuf, recvbuf, op, p, rank, algorithm, root, options
             COLLECTIVES[collective][name].build(rank, p, 0, out.dtype.itemsize, **options)
             _OPTIONS_OK.add(key)
     return inp, out, count, opname, name, options
+
+
+@lru_cache(maxsize=None)
+def _no_output(dtype):
+    """One empty array per dtype, so that plans stay bound across calls."""
+    return np.empty(0, dtype)
 
 
 def _shaped(result, like):

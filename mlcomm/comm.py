@@ -111,9 +111,9 @@ class Comm(MPI.Intracomm):
         if self.Get_rank() != root:
             recvbuf = None
         arrays = _plain(sendbuf, recvbuf)
-        if arrays is not None and arrays[1] is None and sendbuf is not MPI.IN_PLACE:
-            arrays[1] = np.empty_like(arrays[0]) if arrays[0] is not None else None
-        name = self._reducible(arrays, op)
+        # recvbuf matters only at the root; elsewhere it was set to None above
+        name = self._reducible(arrays if arrays is None or self.Get_rank() == root
+                               else arrays[:1], op)
         if name is None:
             return super().Reduce(sendbuf, recvbuf, op, root)
         api.reduce(arrays[0], arrays[1], name, root, comm=self)

@@ -160,21 +160,25 @@ def run_plan(comm, plan, inp: np.ndarray, out: np.ndarray, op: str) -> None:
 
 
 def native_call(collective, comm, inp, out, op, root=0):
-    """Run the MPI library's own collective on NumPy buffers (``inp is out`` means in place)."""
-    send = MPI.IN_PLACE if inp is out else inp
+    """Run the MPI library's own collective on NumPy buffers.
+
+    Overlapping ``inp`` and ``out`` mean in place, in MPI's sense for each collective.
+    """
+    in_place = np.may_share_memory(inp, out)
+    send = MPI.IN_PLACE if in_place else inp
     if collective == "allreduce":
         comm.Allreduce(send, out, mpi_op(op))
-    elif collective == "reduce_scatter":
-        comm.Reduce_scatter_block(send, out, mpi_op(op))
+    elif collective == "reduce_scatter":  # in place: the p blocks are in inp, the result in its first
+        comm.Reduce_scatter_block(send, inp if in_place else out, mpi_op(op))
     elif collective == "allgather":
         comm.Allgather(send, out)
     elif collective == "bcast":
-        if comm.Get_rank() == root and inp is not out:
+        if comm.Get_rank() == root and not in_place:
             out[...] = inp
         comm.Bcast(out, root)
     elif collective == "reduce":
-        if inp is out:
-            send = MPI.IN_PLACE if comm.Get_rank() == root else inp
+        if in_place and comm.Get_rank() != root:
+            send = inp
         comm.Reduce(send, out, mpi_op(op), root)
     else:
         raise ValueError(collective)

@@ -10,7 +10,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import api, kernels
-from .algorithms import ALGORITHMS, AUTO, MPI_NATIVE
+from .algorithms import ALGORITHMS, MPI_NATIVE
 
 __all__ = ["DTYPES", "OPS", "reference", "close", "verify"]
 

@@ -3,7 +3,6 @@
 import json
 import textwrap
 
-import numpy as np
 import pytest
 
 from conftest import mpirun

@@ -1,6 +1,6 @@
 """Reduce-scatter, all-gather, broadcast and reduce, built from the all-reduce pieces."""
 
-from ..schedule import INPUT, OUTPUT, Region, Timeline
+from ..schedule import INPUT, OUTPUT, SCRATCH, Region, Timeline
 from ._common import check_int, elements, log2ceil
 from ._pieces import binary_tree, ring_allgather, ring_reduce_scatter, tree_bcast, tree_reduce
 from ._registry import register
@@ -37,13 +37,21 @@ def tree_bcast_root(rank, size, count, itemsize, root=0, chunk_bytes=DEFAULT_CHU
 
 
 def tree_reduce_root(rank, size, count, itemsize, root=0, chunk_bytes=DEFAULT_CHUNK_BYTES):
-    """Pipelined binary-tree reduce to ``root`` (every rank's output is its partial sum)."""
+    """Pipelined binary-tree reduce to ``root``; other ranks accumulate in scratch, no output."""
     check_int("root", root, 0, size - 1, "root must be a rank of the communicator")
     tl = Timeline(rank, size)
-    whole = Region(OUTPUT, 0, count)
-    tl.copy(0, whole, Region(INPUT, 0, count))
-    tree_reduce(tl, 1, binary_tree(size, 0, root), whole, elements(chunk_bytes, itemsize), 0)
-    return tl.schedule(count, count)
+    tree = binary_tree(size, 0, root)
+    if rank != root and not tree.children[rank]:  # a leaf sends its input as it is
+        acc = Region(INPUT, 0, count)
+        tree_reduce(tl, 1, tree, acc, elements(chunk_bytes, itemsize), 0)
+        return tl.schedule(count, 0)
+    acc = Region(OUTPUT if rank == root else SCRATCH, 0, count)
+    if rank != root:
+        tl.need_scratch(count)
+    tl.copy(0, acc, Region(INPUT, 0, count))
+    tree_reduce(tl, 1, tree, acc, elements(chunk_bytes, itemsize),
+                0 if rank == root else count)
+    return tl.schedule(count, count if rank == root else 0)
 
 
 def _ring_cost(p, nbytes, alpha, beta, gamma, segment_bytes=None):

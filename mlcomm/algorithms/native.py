@@ -2,7 +2,7 @@
 
 import gc
 
-from ._registry import ALGORITHMS, COLLECTIVES, register
+from ._registry import COLLECTIVES, register
 from .recursive_doubling import cost as _rd_cost
 from .recursive_halving_doubling import cost as _rhd_cost
 

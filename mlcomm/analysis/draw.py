@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..schedule import INPUT, OUTPUT, SCRATCH, Copy, Recv, Reduce, Send
+from ..schedule import INPUT, OUTPUT, SCRATCH, Copy, Reduce, Send
 from .simulator import UNIT_NETWORK, compile_schedules, simulate
 
 __all__ = ["trace", "draw_schedule"]

@@ -86,6 +86,18 @@ def test_mpi_op_constants_and_options():
     agree(np.array_equal(got, want), "chunk_bytes")
 
 
+def test_in_place_forms_of_every_collective_match_mpi():
+    for name in ("mpi", "ring"):
+        blocks = np.arange(P * 3, dtype=np.int64) * (RANK + 1)
+        mlcomm.reduce_scatter(mlcomm.IN_PLACE, blocks, algorithm=name)
+        agree(np.array_equal(blocks[:3], np.arange(RANK * 3, RANK * 3 + 3) * P * (P + 1) // 2),
+              f"in-place reduce_scatter {name}")
+        gathered = np.zeros(P * 2, np.int64)
+        gathered[RANK * 2:RANK * 2 + 2] = RANK
+        mlcomm.allgather(mlcomm.IN_PLACE, gathered, algorithm=name)
+        agree(np.array_equal(gathered, np.repeat(np.arange(P), 2)), f"in-place allgather {name}")
+
+
 def test_other_collectives():
     n = 7
     x = np.arange(P * n, dtype=np.int64) * (RANK + 1)
@@ -171,3 +183,23 @@ def test_plans_are_cached():
     for _ in range(5):
         mlcomm.allreduce(x, algorithm="ring")
     agree(cache.misses == misses, "a repeated call planned again")
+
+
+def test_repeated_reduce_and_reduce_scatter_stay_bound():
+    """No per-call output allocation or copy: the plan's binding survives repeated calls."""
+    from mlcomm.executor import plan_cache
+    x = np.arange(4 * P, dtype=np.int64) + RANK
+    result = np.empty_like(x) if RANK == 0 else None  # recvbuf=None would be a new array each call
+    mlcomm.reduce(x, result, root=0, algorithm="binary_tree")
+    buf = x.copy()
+    mlcomm.reduce_scatter(mlcomm.IN_PLACE, buf, algorithm="ring")
+    agree(np.array_equal(buf[:4], (np.arange(4 * P)[RANK * 4:RANK * 4 + 4] * P
+                                   + P * (P - 1) // 2)), "in-place reduce_scatter")
+    bound = {id(p.bound) for p in plan_cache(COMM).plans.values() if p.bound is not None}
+    for _ in range(3):
+        red = mlcomm.reduce(x, result, root=0, algorithm="binary_tree")
+        agree(RANK != 0 or np.array_equal(red, np.arange(4 * P) * P + P * (P - 1) // 2), "reduce")
+        buf[:] = x
+        mlcomm.reduce_scatter(mlcomm.IN_PLACE, buf, algorithm="ring")
+    again = {id(p.bound) for p in plan_cache(COMM).plans.values() if p.bound is not None}
+    agree(bound <= again and len(again) == len(bound), "a repeated call rebound its plan")
