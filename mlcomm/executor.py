@@ -9,14 +9,17 @@ a duplicate of the user's communicator, so its messages never meet theirs.
 from __future__ import annotations
 
 import atexit
+import ctypes
+import os
 
 import numpy as np
 from mpi4py import MPI
 
+from . import kernels
 from .kernels import kernel_for
 from .plan import PlanCache
 
-__all__ = ["IN_PLACE", "private_comm", "plan_cache", "run_plan", "native_call", "mpi_op",
+__all__ = ["IN_PLACE", "private_comm", "plan_cache", "bind_plan", "native_call", "mpi_op",
            "op_name", "is_in_place", "OP_NAMES"]
 
 IN_PLACE = MPI.IN_PLACE
@@ -102,6 +105,7 @@ class _Binding:
     def __init__(self, comm, plan, inp, out, op):
         self.inp, self.out = inp, out
         self.key = _buffer_key(inp, out)
+        self.live = True  # until freed
         scratch = np.empty(plan.schedule.scratch_count, out.dtype)
         typed = {"input": inp, "output": out, "scratch": scratch}
         raw = {k: v.view(np.uint8) for k, v in typed.items()}
@@ -123,6 +127,9 @@ class _Binding:
             self.steps.append((reqs, calls))
             self.requests += reqs
         self.scratch = scratch
+        self.program = _compile(plan, inp, out, scratch, op, self.requests)
+        if self.program is not None:
+            self.run = self._run_compiled
 
     def run(self):
         startall, waitall = MPI.Prequest.Startall, MPI.Request.Waitall
@@ -134,12 +141,69 @@ class _Binding:
                 for fn, d, s in calls:
                     fn(d, s)
 
+    def _run_compiled(self):
+        err = self.program[0](*self.program[1:])
+        if err:
+            raise MPI.Exception(err)
+
     def free(self):
         if not MPI.Is_finalized():
             for req in self.requests:
                 if req:
                     req.Free()
         self.requests = []
+        self.program = None
+        self.live = False
+
+
+#: MLCOMM_EXECUTOR=python turns the compiled executor off (read once, at import)
+_USE_COMPILED = os.environ.get("MLCOMM_EXECUTOR", "compiled").strip().lower() != "python"
+
+
+def _compile(plan, inp, out, scratch, op, requests):
+    """The compiled executor's arguments for this binding, or None to stay in Python.
+
+    It takes plans whose reductions are small (large ones use the parallel kernels) on dtypes
+    and ops it has loops for, and buffers that no op reads and writes partially overlapping.
+    """
+    if not _USE_COMPILED:
+        return None
+    from . import compiled  # imports Numba: only once a plan is bound
+    from .kernels.numba_backend import kernel_dtype, num_threads
+    if not (compiled.available() and compiled.supports(out.dtype, op)):
+        return None
+    largest = max((dst[2] - dst[1] for _, _, ops in plan.steps for _, dst, _ in ops), default=0)
+    if largest * out.dtype.itemsize >= kernels.NUMBA_MIN_BYTES and num_threads() > 1:
+        return None
+    if not all(a.flags.aligned for a in (inp, out)) or _partial_overlaps(plan, inp, out):
+        return None
+    kdt = kernel_dtype(out.dtype, op)
+    request_bytes, status_bytes = MPI._sizeof(MPI.Request), MPI._sizeof(MPI.Status)
+    handles = np.empty(max(len(requests), 1) * request_bytes, np.uint8)
+    for i, req in enumerate(requests):
+        handles[i * request_bytes:(i + 1) * request_bytes] = np.frombuffer(
+            ctypes.string_at(MPI._addressof(req), request_bytes), np.uint8)
+    statuses = np.empty(max(len(requests), 1) * status_bytes, np.uint8)
+    program = compiled.encode(plan.steps, request_bytes, status_bytes,
+                              out.dtype.itemsize // kdt.itemsize)
+    return (compiled.execute, program, handles, statuses, inp.view(kdt), out.view(kdt), scratch.view(kdt),
+            compiled.OPCODES[op])
+
+
+def _partial_overlaps(plan, inp, out) -> bool:
+    """True when some op's source and destination overlap without being the same elements."""
+    if not np.may_share_memory(inp, out):
+        return False
+    shift = (inp.__array_interface__["data"][0] - out.__array_interface__["data"][0]) \
+        // out.dtype.itemsize
+    place = {"input": shift, "output": 0}
+    for _, _, ops in plan.steps:
+        for _, (db, d0, d1), (sb, s0, s1) in ops:
+            if db in place and sb in place:
+                d0, d1, s0, s1 = d0 + place[db], d1 + place[db], s0 + place[sb], s1 + place[sb]
+                if d0 != s0 and d0 < s1 and s0 < d1:
+                    return True
+    return False
 
 
 def _buffer_key(inp, out):
@@ -147,8 +211,11 @@ def _buffer_key(inp, out):
             inp.size, out.size, inp.dtype.str)
 
 
-def run_plan(comm, plan, inp: np.ndarray, out: np.ndarray, op: str) -> None:
-    """Run ``plan`` on 1-D contiguous ``inp`` and ``out`` (the same array when in place)."""
+def bind_plan(comm, plan, inp: np.ndarray, out: np.ndarray, op: str) -> _Binding:
+    """Return ``plan`` bound to 1-D contiguous ``inp`` and ``out`` (the same array when in place).
+
+    The binding is kept on the plan; binding the same buffers again reuses it.
+    """
     bound = plan.bound
     # the same array objects hold the same memory (the binding's reference pins it)
     if bound is None or not (bound.inp is inp and bound.out is out) \
@@ -156,7 +223,7 @@ def run_plan(comm, plan, inp: np.ndarray, out: np.ndarray, op: str) -> None:
         if bound is not None:
             bound.free()
         plan.bound = bound = _Binding(comm, plan, inp, out, op)
-    bound.run()
+    return bound
 
 
 def native_call(collective, comm, inp, out, op, root=0):

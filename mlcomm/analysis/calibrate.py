@@ -125,7 +125,7 @@ def measure_overheads(comm, alpha: float, *, calls: int = 2000) -> tuple[float, 
     """
     import time
 
-    from ..executor import private_comm, run_plan
+    from ..executor import bind_plan, private_comm
     from ..kernels import kernel_for
     a, b = np.ones(1), np.ones(1)
     fn = kernel_for(a, b, "sum")
@@ -141,11 +141,11 @@ def measure_overheads(comm, alpha: float, *, calls: int = 2000) -> tuple[float, 
     steps = len(plan.steps)
     ops = sum(len(step[2]) for step in plan.steps)
     for _ in range(50):
-        run_plan(private.comm, plan, x, y, "sum")
+        bind_plan(private.comm, plan, x, y, "sum").run()
     comm.Barrier()
     start = time.perf_counter()
     for _ in range(calls):
-        run_plan(private.comm, plan, x, y, "sum")
+        bind_plan(private.comm, plan, x, y, "sum").run()
     per_call = comm.allreduce(time.perf_counter() - start, op=_max()) / calls
     step_cost = max(0.0, (per_call - ops * op_cost) / steps - alpha)
     return step_cost, op_cost

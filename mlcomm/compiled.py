@@ -1,0 +1,193 @@
+"""Compiled executor: a bound plan's whole step loop in one Numba call.
+
+The Python executor pays interpreter time for every step (``Startall``, ``Waitall``, one
+kernel call per op); for small messages that is most of the collective.  Here a plan is
+encoded once as an int64 *program*, and each call runs it in machine code: MPI_Startall and
+MPI_Waitall through the MPI library's C entry points on the plan's persistent requests, and
+the copies and reductions as loops.  Nothing is allocated per call.
+
+Program layout: ``[steps, request_bytes, status_bytes]`` then per step
+``[requests, first_request, ops]`` and per op ``[kind, dst_buffer, dst_start, src_buffer,
+src_start, count]`` (kind 0 copy, 1 reduce; buffers 0 input, 1 output, 2 scratch).
+
+Reductions follow :mod:`mlcomm.kernels.numba_backend` element for element (integers on
+their unsigned view, NumPy's NaN rules for min/max), so results are bit-identical to the
+Python executor's.  float16, bfloat16 and complex prod/min/max stay on the Python executor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .libmpi import library_path
+
+__all__ = ["available", "supports", "OPCODES", "encode", "execute"]
+
+#: op name -> the program's op code (avg reduces as sum; the caller divides afterwards)
+OPCODES = {"sum": 0, "avg": 0, "prod": 1, "min": 2, "max": 3,
+           "band": 4, "bor": 5, "bxor": 6, "land": 7, "lor": 8}
+_BUFFERS = {"input": 0, "output": 1, "scratch": 2}
+_HEADER, _STEP, _OP = 3, 3, 6
+
+try:
+    import llvmlite.binding as _llvm
+    from llvmlite import ir
+    from numba import njit, types
+    from numba.core import cgutils
+    from numba.extending import intrinsic, overload
+except ImportError:  # pragma: no cover - numba is a hard dependency
+    njit = None
+
+_ready = None
+
+
+def available() -> bool:
+    """True when Numba is there and the MPI library's C entry points can be linked."""
+    global _ready
+    if _ready is None:
+        path = library_path() if njit is not None else None
+        if path is not None:
+            _llvm.load_library_permanently(path)
+        _ready = path is not None
+    return _ready
+
+
+_KINDS = frozenset("iufb")
+
+
+def supports(dtype: np.dtype, op: str) -> bool:
+    """True when the compiled loop reduces ``dtype`` with ``op`` (on its kernel view)."""
+    from .kernels.numba_backend import kernel_dtype
+    kdt = kernel_dtype(dtype, op)
+    return kdt.kind in _KINDS and kdt.itemsize >= (4 if kdt.kind == "f" else 1) \
+        and op in OPCODES
+
+
+def encode(steps: list, request_bytes: int, status_bytes: int, scale: int = 1) -> np.ndarray:
+    """Encode a compiled plan's steps (``Plan.steps``) as a program.
+
+    ``scale`` kernel elements make one plan element (2 for complex on its real view).
+    """
+    words = [len(steps), request_bytes, status_bytes]
+    first = 0
+    for sends, recvs, ops in steps:
+        n = len(sends) + len(recvs)
+        words += [n, first, len(ops)]
+        first += n
+        for is_copy, (dbuf, dstart, dstop), (sbuf, sstart, _) in ops:
+            words += [0 if is_copy else 1, _BUFFERS[dbuf], dstart * scale, _BUFFERS[sbuf],
+                      sstart * scale, (dstop - dstart) * scale]
+    return np.array(words, dtype=np.int64)
+
+
+if njit is not None:
+    def _mpi_call(name, nargs):
+        """An intrinsic calling ``int name(int count, void *p1[, void *p2])`` in the MPI library."""
+        i8p = ir.IntType(8).as_pointer()
+        fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32)] + [i8p] * nargs)
+
+        def codegen(context, builder, sig, args):
+            fn = cgutils.get_or_insert_function(builder.module, fnty, name)
+            argv = [builder.trunc(args[0], ir.IntType(32))]
+            argv += [builder.inttoptr(a, i8p) for a in args[1:]]
+            return builder.sext(builder.call(fn, argv), ir.IntType(64))
+        return codegen
+
+    @intrinsic
+    def _startall(typingctx, count, requests):
+        return types.int64(types.intp, types.intp), _mpi_call("MPI_Startall", 1)
+
+    @intrinsic
+    def _waitall(typingctx, count, requests, statuses):
+        return types.int64(types.intp, types.intp, types.intp), _mpi_call("MPI_Waitall", 2)
+
+    def _combine(opcode, d, ds, s, ss, n):
+        """``d[ds:ds+n] = d[ds:ds+n] (op) s[ss:ss+n]``; typed per element kind below."""
+
+    @overload(_combine)
+    def _combine_impl(opcode, d, ds, s, ss, n):
+        if isinstance(d.dtype, types.Float):
+            def float_combine(opcode, d, ds, s, ss, n):
+                if opcode == 0:
+                    for i in range(n):
+                        d[ds + i] = d[ds + i] + s[ss + i]
+                elif opcode == 1:
+                    for i in range(n):
+                        d[ds + i] = d[ds + i] * s[ss + i]
+                elif opcode == 2:  # np.minimum bit for bit: NaN in d wins, then s; ties give s
+                    for i in range(n):
+                        a, b = d[ds + i], s[ss + i]
+                        if not (a < b or a != a):
+                            d[ds + i] = b
+                else:
+                    for i in range(n):
+                        a, b = d[ds + i], s[ss + i]
+                        if not (a > b or a != a):
+                            d[ds + i] = b
+            return float_combine
+
+        def int_combine(opcode, d, ds, s, ss, n):
+            if opcode == 0:
+                for i in range(n):
+                    d[ds + i] = d[ds + i] + s[ss + i]
+            elif opcode == 1:
+                for i in range(n):
+                    d[ds + i] = d[ds + i] * s[ss + i]
+            elif opcode == 2:
+                for i in range(n):
+                    d[ds + i] = min(d[ds + i], s[ss + i])
+            elif opcode == 3:
+                for i in range(n):
+                    d[ds + i] = max(d[ds + i], s[ss + i])
+            elif opcode == 4:
+                for i in range(n):
+                    d[ds + i] = d[ds + i] & s[ss + i]
+            elif opcode == 5:
+                for i in range(n):
+                    d[ds + i] = d[ds + i] | s[ss + i]
+            elif opcode == 6:
+                for i in range(n):
+                    d[ds + i] = d[ds + i] ^ s[ss + i]
+            elif opcode == 7:
+                for i in range(n):
+                    d[ds + i] = 1 if (d[ds + i] != 0 and s[ss + i] != 0) else 0
+            else:
+                for i in range(n):
+                    d[ds + i] = 1 if (d[ds + i] != 0 or s[ss + i] != 0) else 0
+        return int_combine
+
+    @njit
+    def _apply(kind, opcode, d, ds, s, ss, n):
+        if kind == 0:
+            for i in range(n):
+                d[ds + i] = s[ss + i]
+        else:
+            _combine(opcode, d, ds, s, ss, n)
+
+    @njit(cache=True, nogil=True)
+    def execute(program, requests, statuses, inp, out, scratch, opcode):
+        """Run ``program``; return 0 or the first MPI error code."""
+        request_bytes = program[1]
+        pc = _HEADER
+        for _ in range(program[0]):
+            nreq, first, nops = program[pc], program[pc + 1], program[pc + 2]
+            pc += _STEP
+            if nreq:
+                handles = requests.ctypes.data + first * request_bytes
+                err = _startall(nreq, handles)
+                if err == 0:
+                    err = _waitall(nreq, handles, statuses.ctypes.data)
+                if err != 0:
+                    return err
+            for _ in range(nops):
+                kind, dbuf, ds = program[pc], program[pc + 1], program[pc + 2]
+                sbuf, ss, n = program[pc + 3], program[pc + 4], program[pc + 5]
+                pc += _OP
+                d = out if dbuf == 1 else scratch
+                if sbuf == 0:
+                    _apply(kind, opcode, d, ds, inp, ss, n)
+                elif sbuf == 1:
+                    _apply(kind, opcode, d, ds, out, ss, n)
+                else:
+                    _apply(kind, opcode, d, ds, scratch, ss, n)
+        return 0
