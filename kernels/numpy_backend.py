@@ -2,7 +2,7 @@
 
 import numpy as np
 
-__all__ = ["available", "reduce_into", "bare_kernel", "finalize", "copy"]
+__all__ = ["available", "reduce_into", "bare_kernel", "bare_kernel3", "finalize", "copy"]
 
 _UFUNCS = {
     "sum": np.add, "avg": np.add, "prod": np.multiply,
@@ -35,6 +35,12 @@ def bare_kernel(op):
     """Return ``fn(dst, src)`` without the warning guard: the caller holds ``np.errstate``."""
     ufunc = _UFUNCS[op]
     return lambda dst, src: ufunc(dst, src, out=dst)
+
+
+def bare_kernel3(op):
+    """Return ``fn(dst, left, src)`` setting ``dst = left (op) src``; any overlap is fine."""
+    ufunc = _UFUNCS[op]
+    return lambda dst, left, src: ufunc(left, src, out=dst)
 
 
 def finalize(dst, op, nranks):

@@ -8,7 +8,8 @@ the copies and reductions as loops.  Nothing is allocated per call.
 
 Program layout: ``[steps, request_bytes, status_bytes]`` then per step
 ``[requests, first_request, ops]`` and per op ``[kind, dst_buffer, dst_start, src_buffer,
-src_start, count]`` (kind 0 copy, 1 reduce; buffers 0 input, 1 output, 2 scratch).
+src_start, left_buffer, left_start, count]`` (kind 0 copy, 1 reduce ``dst = left (op) src``;
+buffers 0 input, 1 output, 2 scratch).
 
 Reductions follow :mod:`mlcomm.kernels.numba_backend` element for element (integers on
 their unsigned view, NumPy's NaN rules for min/max), so results are bit-identical to the
@@ -27,7 +28,7 @@ __all__ = ["available", "supports", "OPCODES", "encode", "execute"]
 OPCODES = {"sum": 0, "avg": 0, "prod": 1, "min": 2, "max": 3,
            "band": 4, "bor": 5, "bxor": 6, "land": 7, "lor": 8}
 _BUFFERS = {"input": 0, "output": 1, "scratch": 2}
-_HEADER, _STEP, _OP = 3, 3, 6
+_HEADER, _STEP, _OP = 3, 3, 8
 
 try:
     import llvmlite.binding as _llvm
@@ -74,9 +75,10 @@ def encode(steps: list, request_bytes: int, status_bytes: int, scale: int = 1) -
         n = len(sends) + len(recvs)
         words += [n, first, len(ops)]
         first += n
-        for is_copy, (dbuf, dstart, dstop), (sbuf, sstart, _) in ops:
-            words += [0 if is_copy else 1, _BUFFERS[dbuf], dstart * scale, _BUFFERS[sbuf],
-                      sstart * scale, (dstop - dstart) * scale]
+        for is_copy, (dbuf, dstart, dstop), (sbuf, sstart, _), (lbuf, lstart, _) in ops:
+            words += [0 if is_copy else 1, _BUFFERS[dbuf], dstart * scale,
+                      _BUFFERS[sbuf], sstart * scale, _BUFFERS[lbuf], lstart * scale,
+                      (dstop - dstart) * scale]
     return np.array(words, dtype=np.int64)
 
 
@@ -101,68 +103,62 @@ if njit is not None:
     def _waitall(typingctx, count, requests, statuses):
         return types.int64(types.intp, types.intp, types.intp), _mpi_call("MPI_Waitall", 2)
 
-    def _combine(opcode, d, ds, s, ss, n):
-        """``d[ds:ds+n] = d[ds:ds+n] (op) s[ss:ss+n]``; typed per element kind below."""
+    def _combine(opcode, d, ds, a, as_, b, bs, n):
+        """``d[ds:ds+n] = a[as_:as_+n] (op) b[bs:bs+n]``; typed per element kind below."""
 
     @overload(_combine)
-    def _combine_impl(opcode, d, ds, s, ss, n):
+    def _combine_impl(opcode, d, ds, a, as_, b, bs, n):
         if isinstance(d.dtype, types.Float):
-            def float_combine(opcode, d, ds, s, ss, n):
+            def float_combine(opcode, d, ds, a, as_, b, bs, n):
                 if opcode == 0:
                     for i in range(n):
-                        d[ds + i] = d[ds + i] + s[ss + i]
+                        d[ds + i] = a[as_ + i] + b[bs + i]
                 elif opcode == 1:
                     for i in range(n):
-                        d[ds + i] = d[ds + i] * s[ss + i]
-                elif opcode == 2:  # np.minimum bit for bit: NaN in d wins, then s; ties give s
+                        d[ds + i] = a[as_ + i] * b[bs + i]
+                elif opcode == 2:  # np.minimum bit for bit: NaN in a wins, then b; ties give b
                     for i in range(n):
-                        a, b = d[ds + i], s[ss + i]
-                        if not (a < b or a != a):
-                            d[ds + i] = b
+                        x, y = a[as_ + i], b[bs + i]
+                        d[ds + i] = x if (x < y or x != x) else y
                 else:
                     for i in range(n):
-                        a, b = d[ds + i], s[ss + i]
-                        if not (a > b or a != a):
-                            d[ds + i] = b
+                        x, y = a[as_ + i], b[bs + i]
+                        d[ds + i] = x if (x > y or x != x) else y
             return float_combine
 
-        def int_combine(opcode, d, ds, s, ss, n):
+        def int_combine(opcode, d, ds, a, as_, b, bs, n):
             if opcode == 0:
                 for i in range(n):
-                    d[ds + i] = d[ds + i] + s[ss + i]
+                    d[ds + i] = a[as_ + i] + b[bs + i]
             elif opcode == 1:
                 for i in range(n):
-                    d[ds + i] = d[ds + i] * s[ss + i]
+                    d[ds + i] = a[as_ + i] * b[bs + i]
             elif opcode == 2:
                 for i in range(n):
-                    d[ds + i] = min(d[ds + i], s[ss + i])
+                    d[ds + i] = min(a[as_ + i], b[bs + i])
             elif opcode == 3:
                 for i in range(n):
-                    d[ds + i] = max(d[ds + i], s[ss + i])
+                    d[ds + i] = max(a[as_ + i], b[bs + i])
             elif opcode == 4:
                 for i in range(n):
-                    d[ds + i] = d[ds + i] & s[ss + i]
+                    d[ds + i] = a[as_ + i] & b[bs + i]
             elif opcode == 5:
                 for i in range(n):
-                    d[ds + i] = d[ds + i] | s[ss + i]
+                    d[ds + i] = a[as_ + i] | b[bs + i]
             elif opcode == 6:
                 for i in range(n):
-                    d[ds + i] = d[ds + i] ^ s[ss + i]
+                    d[ds + i] = a[as_ + i] ^ b[bs + i]
             elif opcode == 7:
                 for i in range(n):
-                    d[ds + i] = 1 if (d[ds + i] != 0 and s[ss + i] != 0) else 0
+                    d[ds + i] = 1 if (a[as_ + i] != 0 and b[bs + i] != 0) else 0
             else:
                 for i in range(n):
-                    d[ds + i] = 1 if (d[ds + i] != 0 or s[ss + i] != 0) else 0
+                    d[ds + i] = 1 if (a[as_ + i] != 0 or b[bs + i] != 0) else 0
         return int_combine
 
     @njit
-    def _apply(kind, opcode, d, ds, s, ss, n):
-        if kind == 0:
-            for i in range(n):
-                d[ds + i] = s[ss + i]
-        else:
-            _combine(opcode, d, ds, s, ss, n)
+    def _pick(buf, inp, out, scratch):
+        return inp if buf == 0 else (out if buf == 1 else scratch)
 
     @njit(cache=True, nogil=True)
     def execute(program, requests, statuses, inp, out, scratch, opcode):
@@ -180,14 +176,15 @@ if njit is not None:
                 if err != 0:
                     return err
             for _ in range(nops):
-                kind, dbuf, ds = program[pc], program[pc + 1], program[pc + 2]
-                sbuf, ss, n = program[pc + 3], program[pc + 4], program[pc + 5]
-                pc += _OP
-                d = out if dbuf == 1 else scratch
-                if sbuf == 0:
-                    _apply(kind, opcode, d, ds, inp, ss, n)
-                elif sbuf == 1:
-                    _apply(kind, opcode, d, ds, out, ss, n)
+                d = out if program[pc + 1] == 1 else scratch
+                ds, n = program[pc + 2], program[pc + 7]
+                s = _pick(program[pc + 3], inp, out, scratch)
+                ss = program[pc + 4]
+                if program[pc] == 0:
+                    for i in range(n):
+                        d[ds + i] = s[ss + i]
                 else:
-                    _apply(kind, opcode, d, ds, scratch, ss, n)
+                    left = _pick(program[pc + 5], inp, out, scratch)
+                    _combine(opcode, d, ds, left, program[pc + 6], s, ss, n)
+                pc += _OP
         return 0

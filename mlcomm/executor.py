@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 from . import kernels
 from .kernels import kernel_for
+from .kernels.numpy_backend import bare_kernel3
 from .plan import PlanCache
 
 __all__ = ["IN_PLACE", "private_comm", "plan_cache", "bind_plan", "native_call", "mpi_op",
@@ -117,13 +118,19 @@ class _Binding:
             reqs = [comm.Recv_init(byteview(r), r[0], _TAG) for r in recvs]
             reqs += [comm.Send_init(byteview(s), s[0], _TAG) for s in sends]
             calls = []
-            for is_copy, dst, src in ops:
-                d, s = view(dst), view(src)
+            for is_copy, dst, src, left in ops:
+                d, s, first = view(dst), view(src), view(left)
                 if is_copy:
-                    if not np.shares_memory(d, s):
-                        calls.append((np.copyto, d, s))
-                elif d.size:
-                    calls.append((kernel_for(d, s, op), d, s))
+                    if not _same(d, s):
+                        calls.append((np.copyto, (d, s)))
+                elif not d.size:
+                    continue
+                elif left == dst or _same(d, first):
+                    calls.append((kernel_for(d, s, op), (d, s)))
+                elif not np.may_share_memory(d, s):  # copy the left operand in, then reduce
+                    calls += [(np.copyto, (d, first)), (kernel_for(d, s, op), (d, s))]
+                else:
+                    calls.append((bare_kernel3(op), (d, first, s)))
             self.steps.append((reqs, calls))
             self.requests += reqs
         self.scratch = scratch
@@ -138,8 +145,8 @@ class _Binding:
                 if reqs:
                     startall(reqs)
                     waitall(reqs)
-                for fn, d, s in calls:
-                    fn(d, s)
+                for fn, args in calls:
+                    fn(*args)
 
     def _run_compiled(self):
         err = self.program[0](*self.program[1:])
@@ -172,7 +179,7 @@ def _compile(plan, inp, out, scratch, op, requests):
     from .kernels.numba_backend import kernel_dtype, num_threads
     if not (compiled.available() and compiled.supports(out.dtype, op)):
         return None
-    largest = max((dst[2] - dst[1] for _, _, ops in plan.steps for _, dst, _ in ops), default=0)
+    largest = max((dst[2] - dst[1] for _, _, ops in plan.steps for _, dst, *_ in ops), default=0)
     if largest * out.dtype.itemsize >= kernels.NUMBA_MIN_BYTES and num_threads() > 1:
         return None
     if not all(a.flags.aligned for a in (inp, out)) or _partial_overlaps(plan, inp, out):
@@ -198,12 +205,19 @@ def _partial_overlaps(plan, inp, out) -> bool:
         // out.dtype.itemsize
     place = {"input": shift, "output": 0}
     for _, _, ops in plan.steps:
-        for _, (db, d0, d1), (sb, s0, s1) in ops:
-            if db in place and sb in place:
-                d0, d1, s0, s1 = d0 + place[db], d1 + place[db], s0 + place[sb], s1 + place[sb]
-                if d0 != s0 and d0 < s1 and s0 < d1:
-                    return True
+        for _, (db, d0, d1), *sources in ops:
+            for sb, s0, s1 in sources:
+                if db in place and sb in place:
+                    a0, a1, b0, b1 = d0 + place[db], d1 + place[db], s0 + place[sb], s1 + place[sb]
+                    if a0 != b0 and a0 < b1 and b0 < a1:
+                        return True
     return False
+
+
+def _same(a, b) -> bool:
+    """True when two views are the same elements."""
+    return a.__array_interface__["data"][0] == b.__array_interface__["data"][0] \
+        and a.size == b.size
 
 
 def _buffer_key(inp, out):

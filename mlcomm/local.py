@@ -129,8 +129,10 @@ def run_local(schedules, inputs, reduce=np.add, in_place=False):
         for op in rank.schedule.steps[rank.step].ops:
             src = rank.read(op.src)
             if isinstance(op, Reduce):
-                dst = rank.read(op.dst)
-                reduce(dst, src, out=rank.view(op.dst, writing=True))
+                if op.first.count != op.dst.count or src.shape[0] != op.dst.count:
+                    raise ScheduleError(f"{rank.where(op.dst)}: reduce of mismatched regions")
+                first = rank.read(op.first)
+                reduce(first, src, out=rank.view(op.dst, writing=True))
             elif isinstance(op, Copy):
                 if op.src.count != op.dst.count:
                     raise ScheduleError(f"{rank.where(op.dst)}: copy of {op.src.count} elements")

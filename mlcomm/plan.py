@@ -27,7 +27,8 @@ class Plan:
     key: tuple
     schedule: Schedule
     #: per step: (sends, recvs, ops); sends/recvs are (peer, buffer, start, stop),
-    #: ops are (is_copy, dst, src) with dst/src as (buffer, start, stop)
+    #: ops are (is_copy, dst, src, left) with each region as (buffer, start, stop);
+    #: a reduce computes dst = left (op) src, and left is dst unless the schedule says otherwise
     steps: list
     bound: object = None  # the executor's binding to the last buffers used
 
@@ -41,7 +42,8 @@ def compile_plan(key, schedule: Schedule) -> Plan:
     for step in schedule.steps:
         sends = [(t.peer, *_slice(t.region)) for t in step.transfers if isinstance(t, Send)]
         recvs = [(t.peer, *_slice(t.region)) for t in step.transfers if not isinstance(t, Send)]
-        ops = [(isinstance(op, Copy), _slice(op.dst), _slice(op.src)) for op in step.ops]
+        ops = [(True, _slice(op.dst), _slice(op.src), _slice(op.dst)) if isinstance(op, Copy)
+               else (False, _slice(op.dst), _slice(op.src), _slice(op.first)) for op in step.ops]
         steps.append((sends, recvs, ops))
     return Plan(key, schedule, steps)
 

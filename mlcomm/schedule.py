@@ -55,10 +55,20 @@ class Recv(NamedTuple):
 
 
 class Reduce(NamedTuple):
-    """``dst = dst (op) src``."""
+    """``dst = left (op) src``, with ``left`` the first operand (default: ``dst`` itself).
+
+    A ``left`` other than ``dst`` saves the copy into ``dst`` that a two-operand
+    reduction would need first.
+    """
 
     dst: Region
     src: Region
+    left: Region | None = None
+
+    @property
+    def first(self) -> Region:
+        """The left operand's region."""
+        return self.dst if self.left is None else self.left
 
 
 class Copy(NamedTuple):
@@ -118,9 +128,10 @@ class Timeline:
         if region.count and peer != self.rank:
             self._slot(t).transfers.append(Recv(peer, region))
 
-    def reduce(self, t: int, dst: Region, src: Region) -> None:
+    def reduce(self, t: int, dst: Region, src: Region, left: Region | None = None) -> None:
+        """``dst = left (op) src`` (``left`` defaults to ``dst``)."""
         if dst.count:
-            self._slot(t).ops.append(Reduce(dst, src))
+            self._slot(t).ops.append(Reduce(dst, src, None if left == dst else left))
 
     def copy(self, t: int, dst: Region, src: Region) -> None:
         if dst.count and dst != src:

@@ -54,9 +54,10 @@ def gather_reduce(tl: Timeline, t: int, targets) -> int:
         if me != 0:
             tl.copy(t, slot[me], Region(INPUT, a, n))
         out = Region(OUTPUT, a, n)
-        tl.copy(t, out, parts[0])
-        for q in range(1, p):
-            tl.reduce(t, out, parts[q])
+        if p == 1:
+            tl.copy(t, out, parts[0])
+        for q in range(1, p):  # the first reduce reads parts[0] itself: no copy into out
+            tl.reduce(t, out, parts[q], left=parts[0] if q == 1 else None)
     return t + 1
 
 
@@ -81,8 +82,9 @@ def ring_reduce_scatter(tl: Timeline, t: int, bounds, seg: int | None = None,
 
     ``bounds`` are the p+1 block offsets into ``input``.  Block r's result is
     written to ``output`` at ``dst_offset`` (default: the block's own offset).
-    Partial sums travel through two alternating scratch slots; with ``seg``
-    each ring step is cut into segments of at most ``seg`` elements.
+    Partial sums travel through two alternating scratch slots; the last step
+    reduces straight into ``output``. With ``seg`` each ring step is cut into
+    segments of at most ``seg`` elements.
     """
     me, p = tl.rank, tl.size
     right, left = (me + 1) % p, (me - 1) % p
@@ -100,14 +102,14 @@ def ring_reduce_scatter(tl: Timeline, t: int, bounds, seg: int | None = None,
         send_i, recv_i = (me - k - 1) % p, (me - k - 2) % p
         outgoing = block[send_i] if k == 0 else slots[(k - 1) % 2].sub(0, block[send_i].count)
         incoming = slots[k % 2].sub(0, block[recv_i].count)
-        for so, ri, own in zip(segments(outgoing, seg, nseg), segments(incoming, seg, nseg),
-                               segments(block[recv_i], seg, nseg)):
+        result = dst if k == p - 2 else incoming  # recv_i is me in the last step
+        for so, ri, own, res in zip(segments(outgoing, seg, nseg), segments(incoming, seg, nseg),
+                                    segments(block[recv_i], seg, nseg),
+                                    segments(result, seg, nseg)):
             tl.send(t, right, so)
             tl.recv(t, left, ri)
-            tl.reduce(t, ri, own)
+            tl.reduce(t, res, own, left=ri)
             t += 1
-    last = slots[(p - 2) % 2].sub(0, block[me].count)
-    tl.copy(t - 1, dst, last)
     return t
 
 
@@ -237,27 +239,27 @@ def tree_bcast(tl: Timeline, t0: int, tree: Tree, buf: Region, chunk: int) -> in
 
 # --- fold for non-power-of-two p (recursive doubling / halving) ---------------
 
-def fold(tl: Timeline, t: int, n: int) -> tuple[int | None, int, int]:
+def fold(tl: Timeline, t: int, n: int) -> tuple[int | None, int, int, Region | None]:
     """Fold p ranks onto the largest power of two p2 <= p.
 
     The first ``2*(p-p2)`` ranks pair up: even ranks send their vector to the
-    odd neighbour and sit out.  Returns ``(new_rank or None, p2, next slot)``;
-    ``output`` then holds this rank's (possibly folded) contribution.
+    odd neighbour and sit out.  Returns ``(new_rank or None, p2, next slot,
+    contribution)``: the region holding this rank's (possibly folded) vector,
+    ``output`` after a fold, else ``input`` itself (nothing is copied).
     """
     me, p = tl.rank, tl.size
     p2 = 1 << (p.bit_length() - 1)
     extra = p - p2
-    whole = Region(OUTPUT, 0, n)
+    whole, own = Region(OUTPUT, 0, n), Region(INPUT, 0, n)
     if me < 2 * extra and me % 2 == 0:
-        tl.send(t, me + 1, Region(INPUT, 0, n))
-        return None, p2, t + 1
-    tl.copy(t, whole, Region(INPUT, 0, n))
+        tl.send(t, me + 1, own)
+        return None, p2, t + 1, None
     if me < 2 * extra:
         tl.need_scratch(n)
         tl.recv(t, me - 1, Region(SCRATCH, 0, n))
-        tl.reduce(t, whole, Region(SCRATCH, 0, n))
-        return me // 2, p2, t + 1
-    return me - extra, p2, t + 1
+        tl.reduce(t, whole, Region(SCRATCH, 0, n), left=own)
+        return me // 2, p2, t + 1, whole
+    return me - extra, p2, t + 1, own
 
 
 def real_rank(new_rank: int, p: int) -> int:

@@ -15,21 +15,21 @@ def build(rank, size, count, itemsize):
     get the result back at the end (two more rounds).
     """
     tl = Timeline(rank, size)
-    new, p2, t = fold(tl, 0, count)
+    new, p2, t, mine = fold(tl, 0, count)
     if new is not None:
         whole, landing = Region(OUTPUT, 0, count), Region(SCRATCH, 0, count)
-        tl.need_scratch(count)
+        tl.need_scratch(count if p2 > 1 else 0)
         mask = 1
         while mask < p2:
             peer = real_rank(new ^ mask, size)
-            tl.send(t, peer, whole)
+            tl.send(t, peer, mine)
             tl.recv(t, peer, landing)
-            if new & mask:  # both partners compute lower (+) upper: bit-identical
-                tl.reduce(t, landing, whole)  # even for ops whose operands don't commute bitwise
-                tl.copy(t, whole, landing)
-            else:
-                tl.reduce(t, whole, landing)
-            mask, t = mask << 1, t + 1
+            # both partners compute lower (+) upper: bit-identical even for ops whose
+            # operands don't commute bitwise; the first round reads the input itself
+            lower, upper = (landing, mine) if new & mask else (mine, landing)
+            tl.reduce(t, whole, upper, left=lower)
+            mine, mask, t = whole, mask << 1, t + 1
+        tl.copy(t, whole, mine)  # p = 1: the result is the input
     unfold(tl, t, count)
     return tl.schedule(count, count)
 

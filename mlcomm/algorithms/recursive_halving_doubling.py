@@ -16,31 +16,33 @@ def build(rank, size, count, itemsize):
     swapped back, doubling each round.  A fold handles p not a power of two.
     """
     tl = Timeline(rank, size)
-    new, p2, t = fold(tl, 0, count)
+    new, p2, t, contrib = fold(tl, 0, count)
     if new is not None:
         bounds = chunk_bounds(count, p2)
-        span = lambda lo, hi: Region(OUTPUT, bounds[lo], bounds[hi] - bounds[lo])
+        span = lambda buf, lo, hi: Region(buf, bounds[lo], bounds[hi] - bounds[lo])
         tl.need_scratch(count - bounds[p2 // 2] if p2 > 1 else 0)
         lo, hi, mask = 0, p2, p2 >> 1
-        while mask:
+        while mask:  # the first round reads the input itself: nothing is copied to output
             peer = real_rank(new ^ mask, size)
             mid = (lo + hi) // 2
             keep, give = ((mid, hi), (lo, mid)) if new & mask else ((lo, mid), (mid, hi))
-            kept = span(*keep)
+            kept = span(OUTPUT, *keep)
             landing = Region(SCRATCH, 0, kept.count)
-            tl.send(t, peer, span(*give))
+            tl.send(t, peer, span(contrib.buffer, *give))
             tl.recv(t, peer, landing)
-            tl.reduce(t, kept, landing)
+            tl.reduce(t, kept, landing, left=span(contrib.buffer, *keep))
             lo, hi = keep
-            mask, t = mask >> 1, t + 1
+            contrib, mask, t = kept, mask >> 1, t + 1
+        if p2 == 1:  # p = 1: the result is the input
+            tl.copy(t, Region(OUTPUT, 0, count), contrib)
         mask = 1
         while mask < p2:
             peer_new = new ^ mask
             mine = (new // mask) * mask
             theirs = (peer_new // mask) * mask
             peer = real_rank(peer_new, size)
-            tl.send(t, peer, span(mine, mine + mask))
-            tl.recv(t, peer, span(theirs, theirs + mask))
+            tl.send(t, peer, span(OUTPUT, mine, mine + mask))
+            tl.recv(t, peer, span(OUTPUT, theirs, theirs + mask))
             mask, t = mask << 1, t + 1
     unfold(tl, t, count)
     return tl.schedule(count, count)

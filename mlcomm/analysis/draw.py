@@ -47,7 +47,7 @@ class _State:
         if type(op) is Copy:
             self.write(op.dst, idx, cnt)
         elif type(op) is Reduce:
-            didx, dcnt = self.read(op.dst)
+            didx, dcnt = self.read(op.first)
             self.write(op.dst, np.where(didx >= 0, didx, idx), dcnt + cnt)
 
     def view(self, count):
