@@ -89,69 +89,72 @@ class _Repeat:
     """A call seen before, bound to its buffers: a repeat skips validation and planning.
 
     It holds its arguments, so their ids in the key cannot be reused by other objects; a
-    repeat checks only what can change in place (shape, dtype) and that the binding is live.
+    repeat checks only what can change in place (an array's shape and dtype) and that the
+    plan binding is still live.
     """
 
-    __slots__ = ("args", "shapes", "run", "binding", "finish", "result")
+    __slots__ = ("args", "binding", "finish", "recv", "result", "run", "send")
 
-    def __init__(self, args, run, binding, finish, result):
-        self.args = args
-        self.shapes = [(a.shape, a.dtype) for a in args[:2] if type(a) is np.ndarray]
-        self.run, self.binding, self.finish, self.result = run, binding, finish, result
+    def __init__(self, args, run, binding, finish):
+        self.args, self.run, self.binding, self.finish = args, run, binding, finish
+        self.send, self.recv = (_layout(a) for a in args[:2])
+        self.result = None  # what the public call returns
 
-    def __call__(self, sendbuf, recvbuf):
-        for (shape, dtype), a in zip(self.shapes, (x for x in (sendbuf, recvbuf)
-                                                   if type(x) is np.ndarray)):
-            if a.shape != shape or a.dtype != dtype:
-                return None
-        if self.binding is not None and not self.binding.live:
-            return None
-        self.run()
-        if self.finish is not None:
-            self.finish()
-        return self.result
+    def matches(self, sendbuf, recvbuf) -> bool:
+        return (self.send is None or (sendbuf.shape, sendbuf.dtype) == self.send) \
+            and (self.recv is None or (recvbuf.shape, recvbuf.dtype) == self.recv) \
+            and (self.binding is None or self.binding.live)
+
+
+def _layout(buf):
+    return (buf.shape, buf.dtype) if type(buf) is np.ndarray else None
 
 
 _REPEATS: dict = {}
 _REPEATS_MAX = 32
 
 
-def _repeat_key(collective, sendbuf, recvbuf, op, comm, algorithm, root):
-    return (collective, id(sendbuf), id(recvbuf), id(op), id(comm), algorithm, root)
-
-
-def _remember(key, args, run, binding, finish, result):
-    if len(_REPEATS) >= _REPEATS_MAX:
-        del _REPEATS[next(iter(_REPEATS))]
-    _REPEATS[key] = _Repeat(args, run, binding, finish, result)
-
-
 def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
+    """Run one collective call; return what the public function returns."""
+    key = (collective, id(sendbuf), id(recvbuf), id(op), id(comm), algorithm, root)
     if not options and validate is None and not _VALIDATE:
-        repeat = _REPEATS.get(_repeat_key(collective, sendbuf, recvbuf, op, comm, algorithm,
-                                          root))
-        if repeat is not None:
-            result = repeat(sendbuf, recvbuf)
-            if result is not None:
-                return result
+        repeat = _REPEATS.get(key)
+        if repeat is not None and repeat.matches(sendbuf, recvbuf):
+            repeat.run()
+            if repeat.finish is not None:
+                repeat.finish()
+            return repeat.result
     if type(sendbuf) is not np.ndarray and (gpu.is_device_array(sendbuf)
                                             or gpu.is_device_array(recvbuf)):
         # device arrays are staged through (pinned) host memory; the result lands on the device
         dtype, stream = options.pop("dtype", None), options.pop("stream", None)
         host_send, host_recv, finish = gpu.stage(sendbuf, recvbuf, dtype=dtype, stream=stream)
-        result = _run_host(collective, host_send, host_recv, op, comm, algorithm, root,
-                           validate, options)
+        result, _ = _run_host(collective, host_send, host_recv, op, comm, algorithm, root,
+                              validate, options)
         no_result = collective == "reduce" and _comm(comm).Get_rank() != root
         return finish(None if no_result else result)
-    return _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options)
+    out, repeat = _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
+                            options)
+    if collective == "reduce" and _comm(comm).Get_rank() != root:
+        result = None
+    elif collective in ("allreduce", "reduce", "bcast"):
+        result = _shaped(out, recvbuf if collective != "bcast" else sendbuf, sendbuf)
+    else:
+        result = out
+    if repeat is not None:
+        repeat.result = result
+        if len(_REPEATS) >= _REPEATS_MAX:
+            del _REPEATS[next(iter(_REPEATS))]
+        _REPEATS[key] = repeat
+    return result
 
 
 def _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
-    key = _repeat_key(collective, sendbuf, recvbuf, op, comm, algorithm, root)
+    """Run the call on host buffers; return the output array and a _Repeat if it may repeat."""
     args = (sendbuf, recvbuf, op, comm)
     comm = _comm(comm)
     p, rank = comm.Get_size(), comm.Get_rank()
-    remember = not options and validate is None and (
+    remember = not options and validate is None and not _VALIDATE and (
         type(sendbuf) is np.ndarray or is_in_place(sendbuf)) and (
         type(recvbuf) is np.ndarray or recvbuf is None)
     if validate is None:
@@ -186,10 +189,8 @@ def _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
     if finish is not None:
         finish()
     # a result allocated for this call (recvbuf=None) must be a new array next time
-    if remember and not validate and (recvbuf is not None or collective == "bcast"
-                                      or out is _no_output(out.dtype)):
-        _remember(key, args, run, binding, finish, out)
-    return out
+    fresh = recvbuf is None and collective != "bcast" and out is not _no_output(out.dtype)
+    return out, _Repeat(args, run, binding, finish) if remember and not fresh else None
 
 
 _OPTIONS_OK: set = set()
@@ -290,8 +291,7 @@ def allreduce(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None, val
     place.  ``algorithm`` defaults to ``MLCOMM_ALGORITHM`` or ``auto``;
     ``options`` are the algorithm's (``servers=``, ``segment_bytes=`` ...).
     """
-    out = _run("allreduce", sendbuf, recvbuf, op, comm, algorithm, 0, validate, options)
-    return _shaped(out, recvbuf, sendbuf)
+    return _run("allreduce", sendbuf, recvbuf, op, comm, algorithm, 0, validate, options)
 
 
 def reduce_scatter(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None, validate=None,
@@ -307,13 +307,10 @@ def allgather(sendbuf, recvbuf=None, *, comm=None, algorithm=None, validate=None
 
 def bcast(buf, root=0, *, comm=None, algorithm=None, validate=None, **options):
     """Broadcast ``buf`` from ``root`` to every rank, in place."""
-    return _shaped(_run("bcast", buf, None, "sum", comm, algorithm, root, validate, options), buf,
-                   buf)
+    return _run("bcast", buf, None, "sum", comm, algorithm, root, validate, options)
 
 
 def reduce(sendbuf, recvbuf=None, op="sum", root=0, *, comm=None, algorithm=None, validate=None,
            **options):
     """Reduce ``sendbuf`` over all ranks to ``root``; returns the result there, None elsewhere."""
-    out = _run("reduce", sendbuf, recvbuf, op, comm, algorithm, root, validate, options)
-    rank = _comm(comm).Get_rank()
-    return _shaped(out, recvbuf, sendbuf) if rank == root else None
+    return _run("reduce", sendbuf, recvbuf, op, comm, algorithm, root, validate, options)

@@ -136,6 +136,7 @@ class _Binding:
         self.scratch = scratch
         self.program = _compile(plan, inp, out, scratch, op, self.requests)
         if self.program is not None:
+            self._execute, self._args = self.program[0], self.program[1:]
             self.run = self._run_compiled
 
     def run(self):
@@ -149,7 +150,7 @@ class _Binding:
                     fn(*args)
 
     def _run_compiled(self):
-        err = self.program[0](*self.program[1:])
+        err = self._execute(*self._args)
         if err:
             raise MPI.Exception(err)
 
