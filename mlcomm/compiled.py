@@ -7,9 +7,11 @@ MPI_Waitall through the MPI library's C entry points on the plan's persistent re
 the copies and reductions as loops.  Nothing is allocated per call.
 
 Program layout: ``[steps, request_bytes, status_bytes]`` then per step
-``[requests, first_request, ops]`` and per op ``[kind, dst_buffer, dst_start, src_buffer,
+``[requests, first_request, ops, early]`` and per op ``[kind, dst_buffer, dst_start, src_buffer,
 src_start, left_buffer, left_start, count]`` (kind 0 copy, 1 reduce ``dst = left (op) src``;
-buffers 0 input, 1 output, 2 scratch).
+buffers 0 input, 1 output, 2 scratch).  ``early`` steps start their transfers before
+the previous step's ops run, so those ops overlap the wire (the executor checked that
+they touch different memory).
 
 Reductions follow :mod:`mlcomm.kernels.numba_backend` element for element (integers on
 their unsigned view, NumPy's NaN rules for min/max), so results are bit-identical to the
@@ -28,7 +30,7 @@ __all__ = ["available", "supports", "OPCODES", "encode", "execute"]
 OPCODES = {"sum": 0, "avg": 0, "prod": 1, "min": 2, "max": 3,
            "band": 4, "bor": 5, "bxor": 6, "land": 7, "lor": 8}
 _BUFFERS = {"input": 0, "output": 1, "scratch": 2}
-_HEADER, _STEP, _OP = 3, 3, 8
+_HEADER, _STEP, _OP = 3, 4, 8
 
 try:
     import llvmlite.binding as _llvm
@@ -64,16 +66,17 @@ def supports(dtype: np.dtype, op: str) -> bool:
         and op in OPCODES
 
 
-def encode(steps: list, request_bytes: int, status_bytes: int, scale: int = 1) -> np.ndarray:
+def encode(steps: list, early: list, request_bytes: int, status_bytes: int,
+           scale: int = 1) -> np.ndarray:
     """Encode a compiled plan's steps (``Plan.steps``) as a program.
 
     ``scale`` kernel elements make one plan element (2 for complex on its real view).
     """
     words = [len(steps), request_bytes, status_bytes]
     first = 0
-    for sends, recvs, ops in steps:
+    for (sends, recvs, ops), start_early in zip(steps, early):
         n = len(sends) + len(recvs)
-        words += [n, first, len(ops)]
+        words += [n, first, len(ops), int(start_early)]
         first += n
         for is_copy, (dbuf, dstart, dstop), (sbuf, sstart, _), (lbuf, lstart, _) in ops:
             words += [0 if is_copy else 1, _BUFFERS[dbuf], dstart * scale,
@@ -163,16 +166,21 @@ if njit is not None:
     @njit(cache=True, nogil=True)
     def execute(program, requests, statuses, inp, out, scratch, opcode):
         """Run ``program``; return 0 or the first MPI error code."""
-        request_bytes = program[1]
-        pc = _HEADER
-        for _ in range(program[0]):
+        request_bytes, base = program[1], requests.ctypes.data
+        pc, started = _HEADER, False
+        for step in range(program[0]):
             nreq, first, nops = program[pc], program[pc + 1], program[pc + 2]
             pc += _STEP
             if nreq:
-                handles = requests.ctypes.data + first * request_bytes
-                err = _startall(nreq, handles)
+                err = 0 if started else _startall(nreq, base + first * request_bytes)
                 if err == 0:
-                    err = _waitall(nreq, handles, statuses.ctypes.data)
+                    err = _waitall(nreq, base + first * request_bytes, statuses.ctypes.data)
+                if err != 0:
+                    return err
+            nxt = pc + nops * _OP  # the next step's header
+            started = step + 1 < program[0] and program[nxt + 3] == 1 and program[nxt] > 0
+            if started:
+                err = _startall(program[nxt], base + program[nxt + 1] * request_bytes)
                 if err != 0:
                     return err
             for _ in range(nops):

@@ -183,7 +183,8 @@ def _compile(plan, inp, out, scratch, op, requests):
     largest = max((dst[2] - dst[1] for _, _, ops in plan.steps for _, dst, *_ in ops), default=0)
     if largest * out.dtype.itemsize >= kernels.NUMBA_MIN_BYTES and num_threads() > 1:
         return None
-    if not all(a.flags.aligned for a in (inp, out)) or _partial_overlaps(plan, inp, out):
+    where = _memory(inp, out, scratch)
+    if not all(a.flags.aligned for a in (inp, out)) or _partial_overlaps(plan, where):
         return None
     kdt = kernel_dtype(out.dtype, op)
     request_bytes, status_bytes = MPI._sizeof(MPI.Request), MPI._sizeof(MPI.Status)
@@ -192,27 +193,47 @@ def _compile(plan, inp, out, scratch, op, requests):
         handles[i * request_bytes:(i + 1) * request_bytes] = np.frombuffer(
             ctypes.string_at(MPI._addressof(req), request_bytes), np.uint8)
     statuses = np.empty(max(len(requests), 1) * status_bytes, np.uint8)
-    program = compiled.encode(plan.steps, request_bytes, status_bytes,
-                              out.dtype.itemsize // kdt.itemsize)
-    return (compiled.execute, program, handles, statuses, inp.view(kdt), out.view(kdt), scratch.view(kdt),
-            compiled.OPCODES[op])
+    program = compiled.encode(plan.steps, _early_starts(plan, where), request_bytes,
+                              status_bytes, out.dtype.itemsize // kdt.itemsize)
+    return (compiled.execute, program, handles, statuses, inp.view(kdt), out.view(kdt),
+            scratch.view(kdt), compiled.OPCODES[op])
 
 
-def _partial_overlaps(plan, inp, out) -> bool:
+def _memory(inp, out, scratch):
+    """``region -> (first byte, last byte + 1)`` in this process's address space."""
+    base = {name: a.__array_interface__["data"][0]
+            for name, a in (("input", inp), ("output", out), ("scratch", scratch))}
+    size = out.dtype.itemsize
+    return lambda r: (base[r[0]] + r[1] * size, base[r[0]] + r[2] * size)
+
+
+def _meet(a, b) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def _partial_overlaps(plan, where) -> bool:
     """True when some op's source and destination overlap without being the same elements."""
-    if not np.may_share_memory(inp, out):
-        return False
-    shift = (inp.__array_interface__["data"][0] - out.__array_interface__["data"][0]) \
-        // out.dtype.itemsize
-    place = {"input": shift, "output": 0}
     for _, _, ops in plan.steps:
-        for _, (db, d0, d1), *sources in ops:
-            for sb, s0, s1 in sources:
-                if db in place and sb in place:
-                    a0, a1, b0, b1 = d0 + place[db], d1 + place[db], s0 + place[sb], s1 + place[sb]
-                    if a0 != b0 and a0 < b1 and b0 < a1:
-                        return True
+        for _, dst, *sources in ops:
+            d = where(dst)
+            if any(_meet(d, s) and d[0] != s[0] for s in map(where, sources)):
+                return True
     return False
+
+
+def _early_starts(plan, where) -> list:
+    """Per step: may its transfers start before the previous step's ops run?
+
+    Yes when its receives touch nothing those ops read or write and its sends read
+    nothing they write; then the ops overlap the transfers (segmented schedules).
+    """
+    early = [False]
+    for (_, _, ops), (sends, recvs, _) in zip(plan.steps, plan.steps[1:]):
+        written = [where(op[1]) for op in ops]
+        touched = written + [where(r) for op in ops for r in op[2:]]
+        early.append(not any(_meet(where(t[1:]), w) for t in recvs for w in touched)
+                     and not any(_meet(where(t[1:]), w) for t in sends for w in written))
+    return early
 
 
 def _same(a, b) -> bool:

@@ -120,3 +120,30 @@ def test_a_freed_communicator_is_not_reused():
         again = mlcomm.allreduce(x, y, comm=sub)
         agree(np.array_equal(again, reference(COMM, x, "sum")), f"trial {trial}")
         sub.Free()
+
+
+@pytest.mark.parametrize("name,option", [("ring", "segment_bytes"),
+                                         ("double_binary_tree", "chunk_bytes")])
+def test_segmented_steps_overlap_and_stay_exact(name, option):
+    count = 6007
+    x = (np.arange(count, dtype=np.int64) * (RANK + 3)) % 1013
+    want = reference(COMM, x, "sum")
+    y = np.empty_like(x)
+    mlcomm.allreduce(x, y, algorithm=name, **{option: 512})
+    agree(np.array_equal(y, want), f"{name} out of place")
+    z = x.copy()
+    mlcomm.allreduce(mlcomm.IN_PLACE, z, algorithm=name, **{option: 512})
+    agree(np.array_equal(z, want), f"{name} in place")
+    if P > 1 and name == "ring":  # transfers start while the previous segment is reduced
+        pcomm = private_comm(COMM)
+        plan = pcomm.plans.get("allreduce", name, RANK, P, count, x.dtype, "sum", {option: 512})
+        program = bind_plan(pcomm.comm, plan, x, y, "sum").program[1]
+        early = [program[i + 3] for i in _step_headers(program)]
+        agree(sum(early) > 0, f"{name}: no step starts early")
+
+
+def _step_headers(program):
+    pc = compiled._HEADER
+    for _ in range(program[0]):
+        yield pc
+        pc += compiled._STEP + program[pc + 2] * compiled._OP
