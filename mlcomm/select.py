@@ -19,10 +19,14 @@ log = logging.getLogger("mlcomm")
 __all__ = ["requested", "auto_choice", "explain", "predict"]
 
 
+#: MLCOMM_ALGORITHM, the default for calls that name none (read once, at import)
+_ENV_ALGORITHM = os.environ.get("MLCOMM_ALGORITHM") or AUTO
+
+
 def requested(algorithm, collective: str) -> str:
     """The canonical name asked for (maybe ``auto``); raise ValueError for unknown names."""
     if algorithm is None:
-        algorithm = os.environ.get("MLCOMM_ALGORITHM") or AUTO
+        algorithm = _ENV_ALGORITHM
     if collective != "allreduce" and algorithm == AUTO:
         return AUTO
     return resolve(algorithm, collective)
