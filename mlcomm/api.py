@@ -10,9 +10,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from . import gpu, kernels
+from . import device, gpu, kernels, staging
 from .algorithms import AUTO, COLLECTIVES, MPI_NATIVE
-from .executor import MPI, is_in_place, native_call, op_name, private_comm, run_plan
+from .device import DeviceVector
+from .executor import MPI, finalize, is_in_place, native_call, op_name, private_comm, run_plan
 from .select import auto_choice, requested
 
 __all__ = ["allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "IN_PLACE"]
@@ -32,6 +33,8 @@ def _comm(comm):
 
 def _array(buf, name, writable=False):
     """View ``buf`` as a 1-D NumPy array without copying; reject what MPI would mangle."""
+    if isinstance(buf, DeviceVector):  # already flat, contiguous and checked
+        return buf
     arr = buf if isinstance(buf, np.ndarray) else None
     if arr is None:
         try:
@@ -84,21 +87,39 @@ def _validate_across_ranks(pcomm, signature, error):
 def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
     if type(sendbuf) is not np.ndarray and (gpu.is_device_array(sendbuf)
                                             or gpu.is_device_array(recvbuf)):
-        # device arrays are staged through (pinned) host memory; the result lands on the device
-        dtype, stream = options.pop("dtype", None), options.pop("stream", None)
-        host_send, host_recv, finish = gpu.stage(sendbuf, recvbuf, dtype=dtype, stream=stream)
-        result = _run_host(collective, host_send, host_recv, op, comm, algorithm, root,
-                           validate, options)
-        no_result = collective == "reduce" and _comm(comm).Get_rank() != root
-        return finish(None if no_result else result)
+        return _run_device(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
+                           options)
     return _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options)
+
+
+def _run_device(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
+    """Device arrays: straight to a CUDA-aware MPI, else staged through pinned host memory.
+
+    Either way the result lands on the device. ``dtype=`` reinterprets raw device buffers
+    (bfloat16 as uint16); ``stream=`` is the stream that produced the data, on which the
+    direct path also launches its kernels.
+    """
+    dtype, stream = options.pop("dtype", None), options.pop("stream", None)
+    has_result = collective != "reduce" or _comm(comm).Get_rank() == root
+    if gpu.cuda_aware():
+        send, recv, result = device.direct(sendbuf, recvbuf, dtype=dtype, stream=stream)
+        out = _run_host(collective, send, recv, op, comm, algorithm, root, validate, options)
+        return result(out) if has_result else None
+    run_host = lambda host_send, host_recv: _run_host(collective, host_send, host_recv, op, comm,
+                                                      algorithm, root, validate, options)
+    return staging.run(collective, sendbuf, recvbuf, run_host, has_result=has_result,
+                       dtype=dtype, stream=stream, whole=_validating(validate))
+
+
+def _validating(validate):
+    """Whether to compare the call across ranks: ``validate``, else ``MLCOMM_VALIDATE=1``."""
+    return os.environ.get("MLCOMM_VALIDATE") == "1" if validate is None else bool(validate)
 
 
 def _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
     comm = _comm(comm)
     p, rank = comm.Get_size(), comm.Get_rank()
-    if validate is None:
-        validate = os.environ.get("MLCOMM_VALIDATE") == "1"
+    validate = _validating(validate)
     signature, error, plan_args = None, None, None
     try:
         plan_args = _prepare(collective, sendbuf, recvbuf, op, p, rank, algorithm, root, options)
@@ -122,7 +143,7 @@ def _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
         plan = pcomm.plans.get(collective, name, rank, p, count, out.dtype, opname, options)
         run_plan(pcomm.comm, plan, inp, out, opname)
     if opname == "avg" and (collective != "reduce" or rank == root):
-        kernels.finalize(out, opname, p)
+        finalize(out, opname, p)
     return out
 
 
@@ -179,9 +200,9 @@ def _prepare(collective, sendbuf, recvbuf, op, p, rank, algorithm, root, options
         if collective == "reduce" and rank != root:
             want = 0  # only the root has a result; the schedule accumulates in its scratch
         if want == 0:
-            out = _no_output(inp.dtype)
+            out = _no_output(inp.dtype) if isinstance(inp, np.ndarray) else inp.empty(0)
         elif recvbuf is None:
-            out = np.empty(want, inp.dtype)
+            out = np.empty(want, inp.dtype) if isinstance(inp, np.ndarray) else inp.empty(want)
         else:
             out = _array(recvbuf, "recvbuf", writable=True)
         if out.size != want:

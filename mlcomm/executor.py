@@ -13,11 +13,13 @@ import atexit
 import numpy as np
 from mpi4py import MPI
 
+from . import kernels
+from .device import DeviceVector
 from .kernels import kernel_for
 from .plan import PlanCache
 
-__all__ = ["IN_PLACE", "private_comm", "plan_cache", "run_plan", "native_call", "mpi_op",
-           "op_name", "is_in_place", "OP_NAMES"]
+__all__ = ["IN_PLACE", "private_comm", "plan_cache", "run_plan", "native_call", "finalize",
+           "mpi_op", "op_name", "is_in_place", "OP_NAMES"]
 
 IN_PLACE = MPI.IN_PLACE
 
@@ -97,32 +99,39 @@ def plan_cache(comm) -> PlanCache:
 
 
 class _Binding:
-    """A plan bound to concrete arrays: sliced views, persistent requests, kernels."""
+    """A plan bound to host arrays: sliced views, persistent requests, kernels."""
 
     def __init__(self, comm, plan, inp, out, op):
         self.inp, self.out = inp, out
         self.key = _buffer_key(inp, out)
-        scratch = np.empty(plan.schedule.scratch_count, out.dtype)
+        scratch = self._new_scratch(out, plan.schedule.scratch_count)
         typed = {"input": inp, "output": out, "scratch": scratch}
-        raw = {k: v.view(np.uint8) for k, v in typed.items()}
-        size = out.dtype.itemsize
         view = lambda s: typed[s[0]][s[1]:s[2]]
-        byteview = lambda s: [raw[s[1]][s[2] * size:s[3] * size], MPI.BYTE]
+        message = lambda t: self._message(typed[t[1]][t[2]:t[3]])
         self.steps, self.requests = [], []
         for sends, recvs, ops in plan.steps:
-            reqs = [comm.Recv_init(byteview(r), r[0], _TAG) for r in recvs]
-            reqs += [comm.Send_init(byteview(s), s[0], _TAG) for s in sends]
-            calls = []
-            for is_copy, dst, src in ops:
-                d, s = view(dst), view(src)
-                if is_copy:
-                    if not np.shares_memory(d, s):
-                        calls.append((np.copyto, d, s))
-                elif d.size:
-                    calls.append((kernel_for(d, s, op), d, s))
-            self.steps.append((reqs, calls))
+            reqs = [comm.Recv_init(message(r), r[0], _TAG) for r in recvs]
+            reqs += [comm.Send_init(message(s), s[0], _TAG) for s in sends]
+            calls = [self._local_op(is_copy, view(dst), view(src), op)
+                     for is_copy, dst, src in ops]
+            self.steps.append((reqs, [call for call in calls if call is not None]))
             self.requests += reqs
         self.scratch = scratch
+
+    @staticmethod
+    def _new_scratch(out, count):
+        return np.empty(count, out.dtype)
+
+    @staticmethod
+    def _message(view):
+        return [view.view(np.uint8), MPI.BYTE]
+
+    @staticmethod
+    def _local_op(is_copy, d, s, op):
+        """``(fn, d, s)`` doing one Copy or Reduce, or None when there is nothing to do."""
+        if is_copy:
+            return None if np.shares_memory(d, s) else (np.copyto, d, s)
+        return (kernel_for(d, s, op), d, s) if d.size else None
 
     def run(self):
         startall, waitall = MPI.Prequest.Startall, MPI.Request.Waitall
@@ -142,29 +151,83 @@ class _Binding:
         self.requests = []
 
 
+class _DeviceBinding(_Binding):
+    """A plan bound to device vectors for a CUDA-aware MPI: device views and scratch, GPU
+    kernels on the vectors' stream, which is synchronised before MPI touches their memory."""
+
+    @staticmethod
+    def _new_scratch(out, count):
+        return out.empty(count)
+
+    @staticmethod
+    def _message(view):
+        return [view.bytes(), MPI.BYTE]
+
+    @staticmethod
+    def _local_op(is_copy, d, s, op):
+        if is_copy:
+            return None if d.overlaps(s) else (DeviceVector.copy_from, d, s)
+        if not d.size:
+            return None
+        return kernel_for(d.raw, s.raw, op, stream=d.stream, dtype=d.dtype), d.raw, s.raw
+
+    def run(self):
+        startall, waitall = MPI.Prequest.Startall, MPI.Request.Waitall
+        launched = False  # kernels or copies queued on the stream since the last wait
+        for reqs, calls in self.steps:
+            if reqs:
+                if launched:
+                    self.out.synchronize()
+                    launched = False
+                startall(reqs)
+                waitall(reqs)
+            for fn, d, s in calls:
+                fn(d, s)
+                launched = True
+        if launched:
+            self.out.synchronize()
+
+
 def _buffer_key(inp, out):
+    if isinstance(out, DeviceVector):
+        return (inp.ptr, out.ptr, inp.size, out.size, inp.dtype.str, out.stream)
     return (inp.__array_interface__["data"][0], out.__array_interface__["data"][0],
             inp.size, out.size, inp.dtype.str)
 
 
-def run_plan(comm, plan, inp: np.ndarray, out: np.ndarray, op: str) -> None:
-    """Run ``plan`` on 1-D contiguous ``inp`` and ``out`` (the same array when in place)."""
+def run_plan(comm, plan, inp, out, op: str) -> None:
+    """Run ``plan`` on 1-D contiguous ``inp`` and ``out`` (the same array when in place):
+    NumPy arrays, or device vectors (:class:`mlcomm.device.DeviceVector`) on a CUDA-aware MPI."""
     bound = plan.bound
     # the same array objects hold the same memory (the binding's reference pins it)
     if bound is None or not (bound.inp is inp and bound.out is out) \
             and bound.key != _buffer_key(inp, out):
         if bound is not None:
             bound.free()
-        plan.bound = bound = _Binding(comm, plan, inp, out, op)
+        binding = _DeviceBinding if isinstance(out, DeviceVector) else _Binding
+        plan.bound = bound = binding(comm, plan, inp, out, op)
     bound.run()
 
 
+def finalize(out, op, nranks):
+    """Turn a sum into the average for op avg (every other op is left as is)."""
+    if isinstance(out, DeviceVector):
+        kernels.finalize(out.raw, op, nranks, stream=out.stream, dtype=out.dtype)
+        out.synchronize()
+    else:
+        kernels.finalize(out, op, nranks)
+
+
 def native_call(collective, comm, inp, out, op, root=0):
-    """Run the MPI library's own collective on NumPy buffers.
+    """Run the MPI library's own collective on NumPy buffers (or device vectors, through a
+    CUDA-aware MPI).
 
     Overlapping ``inp`` and ``out`` mean in place, in MPI's sense for each collective.
     """
-    in_place = np.may_share_memory(inp, out)
+    in_place = _overlap(inp, out)
+    if collective == "bcast" and comm.Get_rank() == root and not in_place:
+        _copy(out, inp)
+    inp, out = _native_buffer(inp), _native_buffer(out)
     send = MPI.IN_PLACE if in_place else inp
     if collective == "allreduce":
         comm.Allreduce(send, out, mpi_op(op))
@@ -173,8 +236,6 @@ def native_call(collective, comm, inp, out, op, root=0):
     elif collective == "allgather":
         comm.Allgather(send, out)
     elif collective == "bcast":
-        if comm.Get_rank() == root and not in_place:
-            out[...] = inp
         comm.Bcast(out, root)
     elif collective == "reduce":
         if in_place and comm.Get_rank() != root:
@@ -182,3 +243,22 @@ def native_call(collective, comm, inp, out, op, root=0):
         comm.Reduce(send, out, mpi_op(op), root)
     else:
         raise ValueError(collective)
+
+
+def _overlap(a, b):
+    return a.overlaps(b) if isinstance(a, DeviceVector) else np.may_share_memory(a, b)
+
+
+def _copy(dst, src):
+    if isinstance(dst, DeviceVector):
+        dst.copy_from(src)
+        dst.synchronize()
+    else:
+        dst[...] = src
+
+
+def _native_buffer(buf):
+    """A NumPy array as it is; a device vector as [device array, its dtype's type code]."""
+    if isinstance(buf, DeviceVector):
+        return [buf.raw, buf.dtype.char]
+    return buf
