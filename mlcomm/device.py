@@ -67,6 +67,17 @@ def _logical_dtype(raw, dtype):
     return dtype
 
 
+def _device_buffer(name, buf, other):
+    """(kind, flat device array) for the user's ``buf`` (None for None)."""
+    if buf is None:
+        return None
+    if not gpu.is_device_array(buf):
+        raise TypeError(f"{name} is a {type(buf).__name__} but {other} is on the device; "
+                        f"pass device arrays for both (or host arrays for both)")
+    kind, arr = _wrap(buf)
+    return kind, _flat(kind, arr, name)
+
+
 class UserBuffers:
     """The user's device ``sendbuf``/``recvbuf``, checked: flat arrays of one kind.
 
@@ -80,32 +91,23 @@ class UserBuffers:
         self.in_place = sendbuf is MPI.IN_PLACE
         if self.in_place and recvbuf is None:
             raise ValueError("sendbuf=IN_PLACE needs recvbuf: the data to reduce in place")
-        self._kinds = set()
-        self.send = None if self.in_place else self._take("sendbuf", sendbuf, "recvbuf")
-        self.recv = self._take("recvbuf", recvbuf, "sendbuf")
-        if not self._kinds:
+        send = None if self.in_place else _device_buffer("sendbuf", sendbuf, "recvbuf")
+        recv = _device_buffer("recvbuf", recvbuf, "sendbuf")
+        kinds = {kind for kind, _ in filter(None, (send, recv))}
+        if not kinds:
             raise TypeError("mlcomm needs a device sendbuf or recvbuf here")
-        if len(self._kinds) > 1:
+        if len(kinds) > 1:
             raise TypeError("sendbuf and recvbuf are device arrays of different libraries "
                             "(CuPy and Numba); pass two of the same kind")
-        self.kind = self._kinds.pop()
+        self.kind = kinds.pop()
+        self.send = send[1] if send else None
+        self.recv = recv[1] if recv else None
         #: what the collective reads: sendbuf, or recvbuf in place
         self.source = self.recv if self.send is None else self.send
         self.dtype = _logical_dtype(self.source.dtype, dtype)
         if self.send is not None and self.recv is not None and self.send.dtype != self.recv.dtype:
             raise TypeError(f"recvbuf dtype {self.recv.dtype} differs from sendbuf dtype "
                             f"{self.send.dtype}; use the same dtype for both")
-
-    def _take(self, name, buf, other):
-        """The flat device array under ``buf`` (None for None)."""
-        if buf is None:
-            return None
-        if not gpu.is_device_array(buf):
-            raise TypeError(f"{name} is a {type(buf).__name__} but {other} is on the device; "
-                            f"pass device arrays for both (or host arrays for both)")
-        kind, arr = _wrap(buf)
-        self._kinds.add(kind)
-        return _flat(kind, arr, name)
 
     def wait_for_producer(self):
         """Wait until the stream that produced the data has finished."""
@@ -176,27 +178,30 @@ def _record(kind, stream):
     return event
 
 
+def _copy_async(kind, dev, host, stream, to_host):
+    """Start a copy between flat device ``dev`` and pinned ``host`` on ``stream``."""
+    if not dev.size:
+        return
+    if kind == "cupy":
+        mem = dev.data
+        copy = mem.copy_to_host_async if to_host else mem.copy_from_host_async
+        with dev.device:
+            copy(host.ctypes.data_as(ctypes.c_void_p), host.nbytes, stream)
+    elif to_host:
+        dev.copy_to_host(host, stream=stream)
+    else:
+        dev.copy_to_device(host, stream=stream)
+
+
 def to_host_async(kind, dev, host, stream):
     """Start copying flat device ``dev`` into pinned ``host`` on ``stream``; return an event."""
-    if dev.size:
-        if kind == "cupy":
-            with dev.device:
-                dev.data.copy_to_host_async(host.ctypes.data_as(ctypes.c_void_p), host.nbytes,
-                                            stream)
-        else:
-            dev.copy_to_host(host, stream=stream)
+    _copy_async(kind, dev, host, stream, to_host=True)
     return _record(kind, stream)
 
 
 def to_device_async(kind, dev, host, stream):
     """Start copying pinned ``host`` into flat device ``dev`` on ``stream``; return an event."""
-    if dev.size:
-        if kind == "cupy":
-            with dev.device:
-                dev.data.copy_from_host_async(host.ctypes.data_as(ctypes.c_void_p), host.nbytes,
-                                              stream)
-        else:
-            dev.copy_to_device(host, stream=stream)
+    _copy_async(kind, dev, host, stream, to_host=False)
     return _record(kind, stream)
 
 
