@@ -100,15 +100,21 @@ def _run_device(collective, sendbuf, recvbuf, op, comm, algorithm, root, validat
     direct path also launches its kernels.
     """
     dtype, stream = options.pop("dtype", None), options.pop("stream", None)
+    try:
+        bufs = device.UserBuffers(sendbuf, recvbuf, dtype=dtype, stream=stream)
+    except (TypeError, ValueError) as exc:
+        if _validating(validate):  # the other ranks wait in the check across ranks: fail them too
+            _validate_across_ranks(private_comm(_comm(comm)).comm, None, exc)
+        raise
     has_result = collective != "reduce" or _comm(comm).Get_rank() == root
     if gpu.cuda_aware():
-        send, recv, result = device.direct(sendbuf, recvbuf, dtype=dtype, stream=stream)
+        send, recv, result = device.direct(bufs)
         out = _run_host(collective, send, recv, op, comm, algorithm, root, validate, options)
         return result(out) if has_result else None
     run_host = lambda host_send, host_recv: _run_host(collective, host_send, host_recv, op, comm,
                                                       algorithm, root, validate, options)
-    return staging.run(collective, sendbuf, recvbuf, run_host, has_result=has_result,
-                       dtype=dtype, stream=stream, whole=_validating(validate))
+    return staging.run(collective, bufs, run_host, has_result=has_result,
+                       whole=_validating(validate))
 
 
 def _validating(validate):

@@ -277,7 +277,7 @@ class DeviceVector:
         synchronize(self.kind, self.stream)
 
 
-def direct(sendbuf, recvbuf, *, dtype=None, stream=None):
+def direct(bufs: UserBuffers):
     """Device vectors for a CUDA-aware MPI, once the producing stream has finished.
 
     Returns ``(send, recv, result)``: ``send`` is ``MPI.IN_PLACE`` when ``sendbuf`` is, ``recv``
@@ -285,14 +285,13 @@ def direct(sendbuf, recvbuf, *, dtype=None, stream=None):
     object when ``out`` is one of them, else the device array under ``out``.
     """
     from mpi4py import MPI
-    bufs = UserBuffers(sendbuf, recvbuf, dtype=dtype, stream=stream)
-    work = work_stream(bufs.kind, bufs.source, stream)
+    work = work_stream(bufs.kind, bufs.source, bufs.stream)
     vector = lambda arr: None if arr is None else DeviceVector(arr, bufs.kind, bufs.dtype, work)
     send, recv = vector(bufs.send), vector(bufs.recv)
     bufs.wait_for_producer()
 
     def result(out):
         if out is recv:
-            return recvbuf
-        return sendbuf if out is send else out.raw
+            return bufs.recvbuf
+        return bufs.sendbuf if out is send else out.raw
     return (MPI.IN_PLACE if bufs.in_place else send), recv, result

@@ -157,9 +157,9 @@ def _same_memory(a, b) -> bool:
 class Staged:
     """Host copies of device ``sendbuf``/``recvbuf`` and the way back (see :func:`stage`)."""
 
-    def __init__(self, sendbuf, recvbuf=None, *, dtype=None, stream=None):
+    def __init__(self, bufs: UserBuffers):
         from mpi4py import MPI
-        self.bufs = bufs = UserBuffers(sendbuf, recvbuf, dtype=dtype, stream=stream)
+        self.bufs = bufs
         self.to_host, self.to_device = copy_streams(bufs.kind, bufs.source)
         gpu.warn_once_if_unknown()
         bufs.wait_for_producer()
@@ -217,22 +217,21 @@ def stage(sendbuf, recvbuf=None, *, dtype=None, stream=None):
     array's own). The host buffers are cached and reused: use them only until ``finish``
     returns.
     """
-    s = Staged(sendbuf, recvbuf, dtype=dtype, stream=stream)
+    s = Staged(UserBuffers(sendbuf, recvbuf, dtype=dtype, stream=stream))
     return s.host_send, s.host_recv, s.finish
 
 
-def run(collective, sendbuf, recvbuf, run_host, *, has_result=True, dtype=None, stream=None,
-        whole=False):
-    """Run ``run_host(host_send, host_recv)`` on staged copies; return the device result.
+def run(collective, bufs: UserBuffers, run_host, *, has_result=True, whole=False):
+    """Run ``run_host(host_send, host_recv)`` on staged copies of ``bufs``; return the device
+    result.
 
     Elementwise collectives go through the chunk pipeline (in one chunk when ``whole``, as
     ``validate=True`` needs so that its check covers the whole call); the others through
     :class:`Staged`. ``has_result`` is False on a reduce's non-root ranks (the result is None).
     """
     if collective in ELEMENTWISE:
-        bufs = UserBuffers(sendbuf, recvbuf, dtype=dtype, stream=stream)
         gpu.warn_once_if_unknown()
         return _elementwise(collective, bufs, run_host, has_result, whole)
-    host_send, host_recv, finish = stage(sendbuf, recvbuf, dtype=dtype, stream=stream)
-    result = run_host(host_send, host_recv)
-    return finish(result if has_result else None)
+    staged = Staged(bufs)
+    result = run_host(staged.host_send, staged.host_recv)
+    return staged.finish(result if has_result else None)

@@ -265,6 +265,18 @@ def main():
                 elif res is not None:
                     failures.append(f"rank {rank} reduce {name}: non-root got a result")
 
+    # validate=True: a bad device buffer on the last rank fails every rank instead of hanging
+    good = dev.put(np.zeros(8, np.float32))
+    bad = dev.put(np.zeros(16, np.float32))[::2] if rank == p - 1 else good
+    cases += 1
+    try:
+        mlcomm.allreduce(bad, None, "sum", algorithm="ring", validate=True)
+        failures.append(f"rank {rank}: validate=True with a non-contiguous buffer did not raise")
+    except ValueError as exc:
+        if rank == p - 1 and "non-contiguous" not in str(exc) or \
+                rank != p - 1 and f"ranks {p - 1}" not in str(exc):
+            failures.append(f"rank {rank}: validate=True raised {exc}")
+
     # the Numba CUDA (or CuPy) kernel on device arrays: sum of two ranks' data, and bfloat16
     backend = "cupy" if args.cupy else "cuda"
     for dtype in (np.dtype(np.float32), BF16):

@@ -265,7 +265,7 @@ assert hs.dtype == ml_dtypes.bfloat16 and hs.astype(float).tolist() == [1.5, -2.
 out = finish(mlcomm.allreduce(hs, None, "sum", algorithm="ring"))
 assert out.copy_to_host().view(ml_dtypes.bfloat16).astype(float).tolist() == [1.5, -2.0, 3.25]
 
-# errors, staged and direct: mixing host and device, IN_PLACE without recvbuf, an item size
+# errors (UserBuffers checks for both paths): mixing host and device, IN_PLACE without recvbuf, an item size
 # that dtype= cannot reinterpret, different dtypes, a non-contiguous buffer
 strided = cuda.to_device(np.zeros(12, np.float32))[::2]
 for args, kw, exc, words in [
@@ -275,7 +275,7 @@ for args, kw, exc, words in [
         ((a, None), {"dtype": np.float64}, TypeError, "item sizes differ"),
         ((a, cuda.device_array(6, np.int32)), {}, TypeError, "differs from sendbuf dtype"),
         ((strided, None), {}, ValueError, "non-contiguous")]:
-    for path in (staging.stage, device.direct):
+    for path in (staging.stage, device.UserBuffers):
         try:
             path(*args, **kw)
         except exc as e:
@@ -285,7 +285,7 @@ for args, kw, exc, words in [
 
 # device vectors (the direct path's buffers): views over the same memory, as bytes for MPI
 raw = cuda.to_device(bits)
-v = device.direct(raw, None, dtype=ml_dtypes.bfloat16)[0]
+v = device.direct(device.UserBuffers(raw, None, dtype=ml_dtypes.bfloat16))[0]
 assert v.dtype == ml_dtypes.bfloat16 and v.raw.dtype == np.uint16 and v.size == 3
 part = v[1:3]
 assert part.ptr == v.ptr + 2 and part.nbytes == 4 and part.bytes().size == 4
@@ -296,7 +296,7 @@ assert w.dtype == v.dtype and not w.overlaps(v)
 w.copy_from(v)
 w.synchronize()
 assert w.raw.copy_to_host().tolist() == bits.tolist()
-send, recv, result = device.direct(MPI.IN_PLACE, raw)
+send, recv, result = device.direct(device.UserBuffers(MPI.IN_PLACE, raw))
 assert send is MPI.IN_PLACE and result(recv) is raw and result(recv[0:1]) is not raw
 print("SIM-CHECKS-OK")
 """
