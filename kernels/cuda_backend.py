@@ -21,8 +21,9 @@ __all__ = ["SIMULATOR", "available", "reduce_into", "finalize", "copy", "as_devi
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 
-#: threads per block and a cap on the number of blocks (the loop strides over the rest)
-THREADS = 32 if SIMULATOR else 256
+#: threads per block and a cap on the number of blocks (the loop strides over the rest); the
+#: simulator runs one Python thread per CUDA thread, so it gets few (4 x 8 still stride)
+THREADS = 8 if SIMULATOR else 256
 _max_blocks = 4 if SIMULATOR else None
 
 _F16 = np.dtype(np.float16)

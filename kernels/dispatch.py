@@ -95,19 +95,24 @@ def _module(name):
     raise ValueError(f"unknown kernel backend {name!r}; choose one of {', '.join(BACKENDS)}")
 
 
-def kernel_for(dst, src, op):
-    """Return ``fn(dst, src)`` reducing with the backend chosen now, for these NumPy views.
+def kernel_for(dst, src, op, *, stream=None, dtype=None):
+    """Return ``fn(dst, src)`` reducing with the backend chosen now, for these views.
 
     Cached plans bind it once, so a repeated collective skips the per-call dispatch.  The
-    caller runs it under ``np.errstate(all="ignore")`` (MPI reductions never warn).
+    caller runs it under ``np.errstate(all="ignore")`` (MPI reductions never warn). For device
+    arrays, ``stream`` is the stream the kernel launches on and ``dtype`` the element type of
+    raw buffers (as in :func:`reduce_into`).
     """
     op = normalize_op(op)
-    check_op(dst.dtype, op)
     name = select_backend(dst, src, op)
+    on_device = name in ("cuda", "cupy")
+    dt = _device_dtype(dst, dtype) if on_device else dst.dtype
+    check_op(dt, op)
     if name == "numpy":
         return numpy_backend.bare_kernel(op)
-    module = _module(name)
-    reduce = module.reduce_into
+    reduce = _module(name).reduce_into
+    if on_device:
+        return lambda d, s: reduce(d, s, op, stream=stream, dtype=dt)
     return lambda d, s: reduce(d, s, op)
 
 

@@ -10,9 +10,10 @@ from functools import lru_cache, partial
 
 import numpy as np
 
-from . import gpu, kernels
+from . import device, gpu, kernels, staging
 from .algorithms import AUTO, COLLECTIVES, MPI_NATIVE
-from .executor import MPI, bind_plan, is_in_place, native_call, op_name, private_comm
+from .device import DeviceVector
+from .executor import MPI, bind_plan, finalize, is_in_place, native_call, op_name, private_comm
 from .select import auto_choice, requested
 
 __all__ = ["allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "IN_PLACE"]
@@ -32,6 +33,8 @@ def _comm(comm):
 
 def _array(buf, name, writable=False):
     """View ``buf`` as a 1-D NumPy array without copying; reject what MPI would mangle."""
+    if isinstance(buf, DeviceVector):  # already flat, contiguous and checked
+        return buf
     arr = buf if isinstance(buf, np.ndarray) else None
     if arr is None:
         try:
@@ -126,13 +129,8 @@ def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, opti
             return repeat.result
     if type(sendbuf) is not np.ndarray and (gpu.is_device_array(sendbuf)
                                             or gpu.is_device_array(recvbuf)):
-        # device arrays are staged through (pinned) host memory; the result lands on the device
-        dtype, stream = options.pop("dtype", None), options.pop("stream", None)
-        host_send, host_recv, finish = gpu.stage(sendbuf, recvbuf, dtype=dtype, stream=stream)
-        result, _ = _run_host(collective, host_send, host_recv, op, comm, algorithm, root,
-                              validate, options)
-        no_result = collective == "reduce" and _comm(comm).Get_rank() != root
-        return finish(None if no_result else result)
+        return _run_device(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
+                           options)
     out, repeat = _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
                             options)
     if collective == "reduce" and _comm(comm).Get_rank() != root:
@@ -149,6 +147,36 @@ def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, opti
     return result
 
 
+def _run_device(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
+    """Device arrays: straight to a CUDA-aware MPI, else staged through pinned host memory.
+
+    Either way the result lands on the device. ``dtype=`` reinterprets raw device buffers
+    (bfloat16 as uint16); ``stream=`` is the stream that produced the data, on which the
+    direct path also launches its kernels.
+    """
+    dtype, stream = options.pop("dtype", None), options.pop("stream", None)
+    try:
+        bufs = device.UserBuffers(sendbuf, recvbuf, dtype=dtype, stream=stream)
+    except (TypeError, ValueError) as exc:
+        if _validating(validate):  # the other ranks wait in the check across ranks: fail them too
+            _validate_across_ranks(private_comm(_comm(comm)).comm, None, exc)
+        raise
+    has_result = collective != "reduce" or _comm(comm).Get_rank() == root
+    if gpu.cuda_aware():
+        send, recv, result = device.direct(bufs)
+        out, _ = _run_host(collective, send, recv, op, comm, algorithm, root, validate, options)
+        return result(out) if has_result else None
+    run_host = lambda host_send, host_recv: _run_host(collective, host_send, host_recv, op, comm,
+                                                      algorithm, root, validate, options)[0]
+    return staging.run(collective, bufs, run_host, has_result=has_result,
+                       whole=_validating(validate))
+
+
+def _validating(validate):
+    """Whether to compare the call across ranks: ``validate``, else ``MLCOMM_VALIDATE=1``."""
+    return _VALIDATE if validate is None else bool(validate)
+
+
 def _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
     """Run the call on host buffers; return the output array and a _Repeat if it may repeat."""
     args = (sendbuf, recvbuf, op, comm)
@@ -157,8 +185,7 @@ def _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
     remember = not options and validate is None and not _VALIDATE and (
         type(sendbuf) is np.ndarray or is_in_place(sendbuf)) and (
         type(recvbuf) is np.ndarray or recvbuf is None)
-    if validate is None:
-        validate = _VALIDATE
+    validate = _validating(validate)
     signature, error, plan_args = None, None, None
     try:
         plan_args = _prepare(collective, sendbuf, recvbuf, op, p, rank, algorithm, root, options)
@@ -184,7 +211,7 @@ def _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
         run = binding.run
     finish = None
     if opname == "avg" and (collective != "reduce" or rank == root):
-        finish = partial(kernels.finalize, out, opname, p)
+        finish = partial(finalize, out, opname, p)
     run()
     if finish is not None:
         finish()
@@ -246,9 +273,9 @@ def _prepare(collective, sendbuf, recvbuf, op, p, rank, algorithm, root, options
         if collective == "reduce" and rank != root:
             want = 0  # only the root has a result; the schedule accumulates in its scratch
         if want == 0:
-            out = _no_output(inp.dtype)
+            out = _no_output(inp.dtype) if isinstance(inp, np.ndarray) else inp.empty(0)
         elif recvbuf is None:
-            out = np.empty(want, inp.dtype)
+            out = np.empty(want, inp.dtype) if isinstance(inp, np.ndarray) else inp.empty(want)
         else:
             out = _array(recvbuf, "recvbuf", writable=True)
         if out.size != want:

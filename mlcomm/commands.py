@@ -24,7 +24,10 @@ def _info(args) -> int:
     print(f"MPI std     {'.'.join(map(str, MPI.Get_version()))}, {MPI.COMM_WORLD.Get_size()} ranks")
     try:
         from .gpu import cuda_aware_decision
+        from .staging import chunk_bytes
         print(f"CUDA-aware  {cuda_aware_decision()}")
+        print(f"staging     {chunk_bytes()}-byte chunks when not CUDA-aware "
+              f"(MLCOMM_STAGING_CHUNK_BYTES)")
     except ImportError:
         print("CUDA-aware  no GPU support built in")
     for name, state in kernels.backends().items():

@@ -16,12 +16,13 @@ import numpy as np
 from mpi4py import MPI
 
 from . import kernels
+from .device import DeviceVector
 from .kernels import kernel_for
 from .kernels.numpy_backend import bare_kernel3
 from .plan import PlanCache
 
-__all__ = ["IN_PLACE", "private_comm", "plan_cache", "bind_plan", "native_call", "mpi_op",
-           "op_name", "is_in_place", "OP_NAMES"]
+__all__ = ["IN_PLACE", "private_comm", "plan_cache", "bind_plan", "native_call", "finalize",
+           "mpi_op", "op_name", "is_in_place", "OP_NAMES"]
 
 IN_PLACE = MPI.IN_PLACE
 
@@ -101,43 +102,56 @@ def plan_cache(comm) -> PlanCache:
 
 
 class _Binding:
-    """A plan bound to concrete arrays: sliced views, persistent requests, kernels."""
+    """A plan bound to host arrays: sliced views, persistent requests, kernels."""
 
     def __init__(self, comm, plan, inp, out, op):
         self.inp, self.out = inp, out
         self.key = _buffer_key(inp, out)
         self.live = True  # until freed
-        scratch = np.empty(plan.schedule.scratch_count, out.dtype)
+        scratch = self._new_scratch(out, plan.schedule.scratch_count)
         typed = {"input": inp, "output": out, "scratch": scratch}
-        raw = {k: v.view(np.uint8) for k, v in typed.items()}
-        size = out.dtype.itemsize
         view = lambda s: typed[s[0]][s[1]:s[2]]
-        byteview = lambda s: [raw[s[1]][s[2] * size:s[3] * size], MPI.BYTE]
+        message = lambda t: self._message(typed[t[1]][t[2]:t[3]])
         self.steps, self.requests = [], []
         for sends, recvs, ops in plan.steps:
-            reqs = [comm.Recv_init(byteview(r), r[0], _TAG) for r in recvs]
-            reqs += [comm.Send_init(byteview(s), s[0], _TAG) for s in sends]
+            reqs = [comm.Recv_init(message(r), r[0], _TAG) for r in recvs]
+            reqs += [comm.Send_init(message(s), s[0], _TAG) for s in sends]
             calls = []
             for is_copy, dst, src, left in ops:
-                d, s, first = view(dst), view(src), view(left)
-                if is_copy:
-                    if not _same(d, s):
-                        calls.append((np.copyto, (d, s)))
-                elif not d.size:
-                    continue
-                elif left == dst or _same(d, first):
-                    calls.append((kernel_for(d, s, op), (d, s)))
-                elif not np.may_share_memory(d, s):  # copy the left operand in, then reduce
-                    calls += [(np.copyto, (d, first)), (kernel_for(d, s, op), (d, s))]
-                else:
-                    calls.append((bare_kernel3(op), (d, first, s)))
+                d = view(dst)
+                calls += self._local_ops(is_copy, d, view(src), d if left == dst else view(left),
+                                         op)
             self.steps.append((reqs, calls))
             self.requests += reqs
         self.scratch = scratch
-        self.program = _compile(plan, inp, out, scratch, op, self.requests)
+        self.program = self._compiled(plan, op)
         if self.program is not None:
             self._execute, self._args = self.program[0], self.program[1:]
             self.run = self._run_compiled
+
+    @staticmethod
+    def _new_scratch(out, count):
+        return np.empty(count, out.dtype)
+
+    @staticmethod
+    def _message(view):
+        return [view.view(np.uint8), MPI.BYTE]
+
+    @staticmethod
+    def _local_ops(is_copy, d, s, first, op):
+        """``[(fn, args), ...]`` doing one Copy, or one Reduce ``d = first (op) s``."""
+        if is_copy:
+            return [] if _same(d, s) else [(np.copyto, (d, s))]
+        if not d.size:
+            return []
+        if first is d or _same(d, first):
+            return [(kernel_for(d, s, op), (d, s))]
+        if not np.may_share_memory(d, s):  # copy the left operand in, then reduce
+            return [(np.copyto, (d, first)), (kernel_for(d, s, op), (d, s))]
+        return [(bare_kernel3(op), (d, first, s))]
+
+    def _compiled(self, plan, op):
+        return _compile(plan, self.inp, self.out, self.scratch, op, self.requests)
 
     def run(self):
         startall, waitall = MPI.Prequest.Startall, MPI.Request.Waitall
@@ -242,13 +256,63 @@ def _same(a, b) -> bool:
         and a.size == b.size
 
 
+class _DeviceBinding(_Binding):
+    """A plan bound to device vectors for a CUDA-aware MPI: device views and scratch, GPU
+    kernels on the vectors' stream, which is synchronised before MPI touches their memory."""
+
+    @staticmethod
+    def _new_scratch(out, count):
+        return out.empty(count)
+
+    @staticmethod
+    def _message(view):
+        return [view.bytes(), MPI.BYTE]
+
+    @staticmethod
+    def _local_ops(is_copy, d, s, first, op):
+        if is_copy:
+            return [] if d.overlaps(s) else [(DeviceVector.copy_from, (d, s))]
+        if not d.size:
+            return []
+        kernel = kernel_for(d.raw, s.raw, op, stream=d.stream, dtype=d.dtype)
+        if first is d:
+            return [(kernel, (d.raw, s.raw))]
+        if not d.overlaps(s):  # copy the left operand in, then reduce
+            return [(DeviceVector.copy_from, (d, first)), (kernel, (d.raw, s.raw))]
+        tmp = d.empty(d.size)  # s is d: reduce into a temporary, keeping first on the left
+        return [(DeviceVector.copy_from, (tmp, first)), (kernel, (tmp.raw, s.raw)),
+                (DeviceVector.copy_from, (d, tmp))]
+
+    def _compiled(self, plan, op):
+        return None  # the compiled loop runs on host memory only
+
+    def run(self):
+        startall, waitall = MPI.Prequest.Startall, MPI.Request.Waitall
+        launched = False  # kernels or copies queued on the stream since the last wait
+        for reqs, calls in self.steps:
+            if reqs:
+                if launched:
+                    self.out.synchronize()
+                    launched = False
+                startall(reqs)
+                waitall(reqs)
+            for fn, args in calls:
+                fn(*args)
+                launched = True
+        if launched:
+            self.out.synchronize()
+
+
 def _buffer_key(inp, out):
+    if isinstance(out, DeviceVector):
+        return (inp.ptr, out.ptr, inp.size, out.size, inp.dtype.str, out.stream)
     return (inp.__array_interface__["data"][0], out.__array_interface__["data"][0],
             inp.size, out.size, inp.dtype.str)
 
 
-def bind_plan(comm, plan, inp: np.ndarray, out: np.ndarray, op: str) -> _Binding:
-    """Return ``plan`` bound to 1-D contiguous ``inp`` and ``out`` (the same array when in place).
+def bind_plan(comm, plan, inp, out, op: str) -> _Binding:
+    """Return ``plan`` bound to 1-D contiguous ``inp`` and ``out`` (the same array when in place):
+    NumPy arrays, or device vectors (:class:`mlcomm.device.DeviceVector`) on a CUDA-aware MPI.
 
     The binding is kept on the plan; binding the same buffers again reuses it.
     """
@@ -258,16 +322,30 @@ def bind_plan(comm, plan, inp: np.ndarray, out: np.ndarray, op: str) -> _Binding
             and bound.key != _buffer_key(inp, out):
         if bound is not None:
             bound.free()
-        plan.bound = bound = _Binding(comm, plan, inp, out, op)
+        binding = _DeviceBinding if isinstance(out, DeviceVector) else _Binding
+        plan.bound = bound = binding(comm, plan, inp, out, op)
     return bound
 
 
+def finalize(out, op, nranks):
+    """Turn a sum into the average for op avg (every other op is left as is)."""
+    if isinstance(out, DeviceVector):
+        kernels.finalize(out.raw, op, nranks, stream=out.stream, dtype=out.dtype)
+        out.synchronize()
+    else:
+        kernels.finalize(out, op, nranks)
+
+
 def native_call(collective, comm, inp, out, op, root=0):
-    """Run the MPI library's own collective on NumPy buffers.
+    """Run the MPI library's own collective on NumPy buffers (or device vectors, through a
+    CUDA-aware MPI).
 
     Overlapping ``inp`` and ``out`` mean in place, in MPI's sense for each collective.
     """
-    in_place = np.may_share_memory(inp, out)
+    in_place = _overlap(inp, out)
+    if collective == "bcast" and comm.Get_rank() == root and not in_place:
+        _copy(out, inp)
+    inp, out = _native_buffer(inp), _native_buffer(out)
     send = MPI.IN_PLACE if in_place else inp
     if collective == "allreduce":
         comm.Allreduce(send, out, mpi_op(op))
@@ -276,8 +354,6 @@ def native_call(collective, comm, inp, out, op, root=0):
     elif collective == "allgather":
         comm.Allgather(send, out)
     elif collective == "bcast":
-        if comm.Get_rank() == root and not in_place:
-            out[...] = inp
         comm.Bcast(out, root)
     elif collective == "reduce":
         if in_place and comm.Get_rank() != root:
@@ -285,3 +361,22 @@ def native_call(collective, comm, inp, out, op, root=0):
         comm.Reduce(send, out, mpi_op(op), root)
     else:
         raise ValueError(collective)
+
+
+def _overlap(a, b):
+    return a.overlaps(b) if isinstance(a, DeviceVector) else np.may_share_memory(a, b)
+
+
+def _copy(dst, src):
+    if isinstance(dst, DeviceVector):
+        dst.copy_from(src)
+        dst.synchronize()
+    else:
+        dst[...] = src
+
+
+def _native_buffer(buf):
+    """A NumPy array as it is; a device vector as [device array, its dtype's type code]."""
+    if isinstance(buf, DeviceVector):
+        return [buf.raw, buf.dtype.char]
+    return buf

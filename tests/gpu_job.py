@@ -1,28 +1,38 @@
-"""Device arrays through every mlcomm collective, staged through host memory.
+"""Device arrays through every mlcomm collective, on the path ``MLCOMM_CUDA_AWARE`` picks.
 
 Run under mpiexec, normally with NUMBA_ENABLE_CUDASIM=1 (Numba's CUDA simulator, no GPU):
 
-    NUMBA_ENABLE_CUDASIM=1 mpiexec -n 3 python tests/gpu_job.py [--cupy]
+    NUMBA_ENABLE_CUDASIM=1 MLCOMM_CUDA_AWARE=0 mpiexec -n 3 python tests/gpu_job.py [--cupy]
+    NUMBA_ENABLE_CUDASIM=1 MLCOMM_CUDA_AWARE=0 MLCOMM_STAGING_CHUNK_BYTES=256 mpiexec -n 3 ...
+    NUMBA_ENABLE_CUDASIM=1 MLCOMM_CUDA_AWARE=1 mpiexec -n 3 python tests/gpu_job.py --counts 1,37,150
+
+The first stages through host memory (one chunk per buffer), the second in small chunks (several
+per buffer, a ragged last one), the third sends device buffers straight to MPI and reduces them
+with the CUDA kernels. The simulator's device arrays live in host memory, so MPI really moves
+them there (mpi4py takes them through DLPack).
 
 Each rank builds device arrays (Numba device arrays, or CuPy arrays with ``--cupy``) of
 float32, float64, int32, float16 and bfloat16 (raw uint16 + ``dtype=``), passes them straight to
-``mlcomm``'s collectives (which stage them through host memory), runs ``mlcomm.allreduce``
-with every algorithm out of place, in place and with recvbuf=None, and compares it with
-``comm.Allreduce`` on host copies (exact for integers, a tolerance for floats). The other
-collectives go through every algorithm once with float32 and int32. ``reduce_into`` runs
-once with the "cuda" backend on device arrays. Prints one summary line on rank 0 and exits
-non-zero on any mismatch.
+``mlcomm``'s collectives, runs ``mlcomm.allreduce`` with every algorithm out of place, in place
+and with recvbuf=None, and compares it with ``comm.Allreduce`` on host copies (exact for
+integers, a tolerance for floats) and, bit for bit, with ``mlcomm.allreduce`` on host copies of
+the same chunks (same schedule, same kernels' results). It checks that the path it expected
+ran: the number of host collectives per call (one per chunk when staged), device bindings in
+the plan cache only on the direct path. The other collectives go through every algorithm once
+with float32 and int32. ``reduce_into`` runs once with the "cuda" backend on device arrays.
+Prints one summary line on rank 0 and exits non-zero on any mismatch.
 """
 
 import argparse
 import sys
+import warnings
 
 import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
 import mlcomm
-from mlcomm import COLLECTIVES, gpu, kernels
+from mlcomm import COLLECTIVES, api, executor, gpu, kernels, staging
 from mlcomm.cli import abort_on_error
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -35,7 +45,28 @@ DTYPES = {
     BF16: (np.float32, 3e-2, 3e-2),
 }
 MPI_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32))
-COUNTS = (1, 37, 1000)
+
+class HostCollectives:
+    """Count the host collectives mlcomm runs (``api._run_host``): one per staged chunk."""
+
+    def __init__(self):
+        self.calls = 0
+        self._run_host = api._run_host
+        api._run_host = self._count
+
+    def _count(self, *args, **kwargs):
+        self.calls += 1
+        return self._run_host(*args, **kwargs)
+
+
+def chunks(n, itemsize, chunk_bytes):
+    """The element ranges mlcomm stages one at a time (the whole buffer when not chunked)."""
+    step = n if chunk_bytes is None else max(1, chunk_bytes // itemsize)
+    return [(a, min(a + step, n)) for a in range(0, n, step)] or [(0, 0)]
+
+
+def bits(a):
+    return a.view(f"u{a.dtype.itemsize}")
 
 
 class Device:
@@ -92,7 +123,14 @@ def close(got, want, dtype):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cupy", action="store_true", help="CuPy arrays on a real GPU")
+    ap.add_argument("--counts", default="1,37,1000", help="allreduce element counts")
     args = ap.parse_args()
+    counts = [int(c) for c in args.counts.split(",")]
+    direct = gpu.cuda_aware()
+    chunk_bytes = None if direct else staging.chunk_bytes()
+    if gpu.simulator():  # simulated kernels compute in NumPy scalars, which warn on wrap-around
+        warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
+    host_calls = HostCollectives()
     comm = MPI.COMM_WORLD
     rank, p = comm.Get_rank(), comm.Get_size()
     if args.cupy:
@@ -101,7 +139,8 @@ def main():
     rng = np.random.default_rng(1234 + rank)
     failures, cases = [], 0
 
-    def check(label, got, want, dtype):
+    def check(label, got, want, dtype, same=None):
+        """``got`` close to MPI's ``want`` and, when given, bit-identical to mlcomm's ``same``."""
         nonlocal cases
         cases += 1
         if not close(got, want, dtype):
@@ -109,46 +148,76 @@ def main():
                                              rtol=DTYPES[dtype][1] or 1e-300, atol=DTYPES[dtype][2]))
             failures.append(f"rank {rank} {label}: first bad index {bad[:3]}, "
                             f"got {got.ravel()[bad[:3]]} want {want.ravel()[bad[:3]]}")
+        elif same is not None and not np.array_equal(bits(got), bits(same)):
+            bad = np.flatnonzero(bits(got) != bits(same))
+            failures.append(f"rank {rank} {label}: differs from mlcomm on the host at {bad[:3]}")
+
+    def expect_host_calls(label, before, want):
+        if host_calls.calls - before != want:
+            failures.append(f"rank {rank} {label}: {host_calls.calls - before} host collectives, "
+                            f"expected {want}")
 
     algorithms = list(mlcomm.ALGORITHMS)
+    most_chunks = 0
     for dtype in DTYPES:
         dt = BF16 if dtype == BF16 else None
         for name in algorithms:
             if name == "mpi" and dtype not in MPI_DTYPES:
                 continue
-            for n in COUNTS:
+            for n in counts:
                 ops = ("sum", "max") if dtype.kind == "i" else ("sum", "max", "avg")
+                parts = chunks(n, dtype.itemsize, chunk_bytes)
+                most_chunks = max(most_chunks, len(parts))
                 for op in ops:
                     host = host_data(rng, dtype, n, rank)
                     want = reference(comm, host, dtype, op)
+                    same = np.concatenate([mlcomm.allreduce(host[a:b], op=op, algorithm=name)
+                                           for a, b in parts])
                     label = f"{name} {dtype} n={n} {op}"
                     # out of place into a device recvbuf
                     d_send, d_recv = dev.put(host), dev.empty(n, dtype)
+                    before = host_calls.calls
                     res = mlcomm.allreduce(d_send, d_recv, op, algorithm=name, dtype=dt)
+                    expect_host_calls(label, before, len(parts))
                     if res is not d_recv:
                         failures.append(f"rank {rank} {label}: result is not recvbuf")
-                    check(label + " out-of-place", dev.get(d_recv, dtype), want, dtype)
+                    check(label + " out-of-place", dev.get(d_recv, dtype), want, dtype, same)
                     if not np.array_equal(dev.get(d_send, dtype).view(np.uint8), host.view(np.uint8)):
                         failures.append(f"rank {rank} {label}: sendbuf changed")
                     # in place
                     d_buf = dev.put(host)
                     res = mlcomm.allreduce(MPI.IN_PLACE, d_buf, op, algorithm=name, dtype=dt)
-                    check(label + " in-place", dev.get(d_buf, dtype), want, dtype)
+                    if res is not d_buf:
+                        failures.append(f"rank {rank} {label}: in-place result is not recvbuf")
+                    check(label + " in-place", dev.get(d_buf, dtype), want, dtype, same)
                     if op == "sum":  # recvbuf=None: a new device array
                         res = mlcomm.allreduce(dev.put(host), None, op, algorithm=name, dtype=dt)
-                        check(label + " recvbuf=None", dev.get(res, dtype), want, dtype)
+                        check(label + " recvbuf=None", dev.get(res, dtype), want, dtype, same)
+
+    # the path that ran: device bindings only when direct, staging buffers only when staged
+    bindings = [type(plan.bound).__name__
+                for plan in executor.private_comm(comm).plans.plans.values() if plan.bound]
+    device_bindings = bindings.count("_DeviceBinding")
+    cases += 1
+    if direct and (device_bindings == 0 or staging._cache):
+        failures.append(f"rank {rank}: direct path expected, but {device_bindings} device "
+                        f"bindings and {len(staging._cache)} staging buffers")
+    if not direct and (device_bindings or not staging._cache):
+        failures.append(f"rank {rank}: staged path expected, but {device_bindings} device "
+                        f"bindings and {len(staging._cache)} staging buffers")
 
     # the pinned/host staging buffers are reused for the same shape and dtype
     a = dev.put(np.zeros(64, np.float32))
-    h1 = gpu.stage(a, None)[0]
-    h2 = gpu.stage(a, None)[0]
+    h1 = staging.stage(a, None)[0]
+    h2 = staging.stage(a, None)[0]
     cases += 1
     if h1 is not h2:
         failures.append(f"rank {rank}: host staging buffer not reused")
 
-    # the other collectives, every algorithm, float32 and int32
+    # the other collectives, every algorithm, float32 and int32; bcast and reduce (staged in
+    # chunks like allreduce) on 100 elements, the others on 5 per rank
     for dtype in (np.dtype(np.float32), np.dtype(np.int32)):
-        n = 5
+        n, m = 5, 100
         for name in COLLECTIVES.get("reduce_scatter", {}):
             host = host_data(rng, dtype, n * p, rank)
             full = reference(comm, host, dtype, "sum")
@@ -170,25 +239,43 @@ def main():
             check(f"allgather {name} {dtype}", dev.get(d_recv, dtype), want, dtype)
         for name in COLLECTIVES.get("bcast", {}):
             for root in {0, p - 1}:
-                host = host_data(rng, dtype, n, rank)
+                host = host_data(rng, dtype, m, rank)
                 want = host.copy()
                 comm.Bcast(want, root)
                 d_buf = dev.put(host)
+                before = host_calls.calls
                 res = mlcomm.bcast(d_buf, root, algorithm=name)
+                expect_host_calls(f"bcast {name}", before,
+                                  len(chunks(m, dtype.itemsize, chunk_bytes)))
                 if res is not d_buf:
                     failures.append(f"rank {rank} bcast {name}: result is not the buffer")
                 check(f"bcast {name} {dtype} root={root}", dev.get(d_buf, dtype), want, dtype)
         for name in COLLECTIVES.get("reduce", {}):
             for root in {0, p - 1}:
-                host = host_data(rng, dtype, n, rank)
+                host = host_data(rng, dtype, m, rank)
                 want = reference(comm, host, dtype, "sum")
-                d_recv = dev.empty(n, dtype)
+                d_recv = dev.empty(m, dtype)
+                before = host_calls.calls
                 res = mlcomm.reduce(dev.put(host), d_recv, "sum", root, algorithm=name)
+                expect_host_calls(f"reduce {name}", before,
+                                  len(chunks(m, dtype.itemsize, chunk_bytes)))
                 if rank == root:
                     check(f"reduce {name} {dtype} root={root}", dev.get(d_recv, dtype), want,
                           dtype)
                 elif res is not None:
                     failures.append(f"rank {rank} reduce {name}: non-root got a result")
+
+    # validate=True: a bad device buffer on the last rank fails every rank instead of hanging
+    good = dev.put(np.zeros(8, np.float32))
+    bad = dev.put(np.zeros(16, np.float32))[::2] if rank == p - 1 else good
+    cases += 1
+    try:
+        mlcomm.allreduce(bad, None, "sum", algorithm="ring", validate=True)
+        failures.append(f"rank {rank}: validate=True with a non-contiguous buffer did not raise")
+    except ValueError as exc:
+        if rank == p - 1 and "non-contiguous" not in str(exc) or \
+                rank != p - 1 and f"ranks {p - 1}" not in str(exc):
+            failures.append(f"rank {rank}: validate=True raised {exc}")
 
     # the Numba CUDA (or CuPy) kernel on device arrays: sum of two ranks' data, and bfloat16
     backend = "cupy" if args.cupy else "cuda"
@@ -205,9 +292,11 @@ def main():
         bad = [f for fs in everyone for f in fs]
         for line in bad[:20]:
             print("MISMATCH", line)
-        kind = "cupy" if args.cupy else ("numba-cudasim" if gpu._simulator() else "numba-cuda")
+        kind = "cupy" if args.cupy else ("numba-cudasim" if gpu.simulator() else "numba-cuda")
+        path = ("direct" if direct else
+                f"staged, {chunk_bytes}-byte chunks, up to {most_chunks} per call")
         print(f"gpu_job: {p} ranks, {kind} device arrays, {len(algorithms)} allreduce algorithms "
-              f"x {len(DTYPES)} dtypes, {total} checks, {len(bad)} mismatches; "
+              f"x {len(DTYPES)} dtypes, {total} checks, {len(bad)} mismatches; path: {path}; "
               f"CUDA-aware: {gpu.cuda_aware_decision()}")
         sys.stdout.flush()
         return 1 if bad else 0

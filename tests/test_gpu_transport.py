@@ -1,7 +1,9 @@
-"""Device arrays through the collectives (mlcomm.gpu): staging, CUDA-awareness, rank->GPU.
+"""Device arrays through the collectives: staging, the direct path, CUDA-awareness, rank->GPU.
 
-The end-to-end test runs tests/gpu_job.py in a real ``mpiexec -n 3`` job under Numba's CUDA
-simulator. The simulator must be on before Numba is imported, so simulator-only unit checks
+The end-to-end tests run tests/gpu_job.py in real ``mpiexec -n 3`` jobs under Numba's CUDA
+simulator, once per path: staged whole, staged in chunks, and direct (``MLCOMM_CUDA_AWARE=1``:
+the simulator's device arrays are host memory, so MPI really moves them, and the executor's
+device binding reduces them with the CUDA kernels). The simulator must be on before Numba is imported, so simulator-only unit checks
 run in a subprocess (``_SIM_CHECKS``); this pytest process never turns it on. The CuPy test
 skips without a GPU and fails instead when ``MLCOMM_TEST_GPU=1``.
 """
@@ -31,12 +33,75 @@ def gpu(monkeypatch):
 
 # --- end to end ------------------------------------------------------------------------------
 
-def test_device_arrays_every_algorithm_mpiexec_3_simulator():
-    proc = mpirun(3, ["tests/gpu_job.py"], env=SIM, timeout=240)
+def _gpu_job(env, *args, timeout=240):
+    """Run tests/gpu_job.py on 3 ranks under the simulator; return its summary line."""
+    proc = mpirun(3, ["tests/gpu_job.py", *args], env=dict(SIM, **env), timeout=timeout)
     summary = [line for line in proc.stdout.splitlines() if line.startswith("gpu_job:")]
     assert summary, proc.stdout + proc.stderr
     assert " 0 mismatches" in summary[0], proc.stdout
     assert "numba-cudasim" in summary[0]
+    return summary[0]
+
+
+def test_device_arrays_every_algorithm_mpiexec_3_simulator():
+    summary = _gpu_job({"MLCOMM_CUDA_AWARE": "0"})
+    assert "path: staged, 4194304-byte chunks, up to 1 per call" in summary
+
+
+def test_device_arrays_staged_in_chunks_mpiexec_3_simulator():
+    # 256-byte chunks: 1000 float32 go in 16 chunks (the last of 40 elements), 37 float64 in 5
+    summary = _gpu_job({"MLCOMM_CUDA_AWARE": "0", "MLCOMM_STAGING_CHUNK_BYTES": "256"})
+    assert "path: staged, 256-byte chunks, up to 32 per call" in summary
+
+
+def test_device_arrays_direct_cuda_aware_mpiexec_3_simulator():
+    # simulated kernels are slow: smaller buffers (150 elements still stride the grid)
+    summary = _gpu_job({"MLCOMM_CUDA_AWARE": "1"}, "--counts", "1,37,150", timeout=400)
+    assert "path: direct" in summary
+
+
+# --- the staging pipeline --------------------------------------------------------------------
+
+def test_pipeline_starts_next_copy_in_before_running_a_chunk():
+    from mlcomm import staging
+    log = []
+
+    class Event:
+        def __init__(self, name):
+            self.name = name
+            log.append(name)
+
+        def synchronize(self):
+            log.append("wait " + self.name)
+
+    last = staging.pipeline([(0, 4), (4, 8), (8, 10)], lambda a, b: Event(f"in {a}"),
+                            lambda a, b: log.append(f"run {a}:{b}"),
+                            lambda a, b: Event(f"out {a}"))
+    assert log == ["in 0", "in 4", "wait in 0", "run 0:4", "out 0",
+                   "in 8", "wait in 4", "run 4:8", "out 4",
+                   "wait in 8", "run 8:10", "out 8"]
+    assert last.name == "out 8"
+    log.clear()
+    assert staging.pipeline([(0, 0)], lambda a, b: Event("in"), lambda a, b: log.append("run"),
+                            lambda a, b: None) is None
+    assert log == ["in", "wait in", "run"]
+
+
+def test_chunks_follow_the_environment(monkeypatch):
+    from mlcomm import staging
+    monkeypatch.delenv("MLCOMM_STAGING_CHUNK_BYTES", raising=False)
+    assert staging.chunk_bytes() == staging.CHUNK_BYTES == 4 << 20
+    assert staging._chunks(3 << 20, 4, whole=False) == [(0, 1 << 20), (1 << 20, 2 << 20),
+                                                      (2 << 20, 3 << 20)]
+    monkeypatch.setenv("MLCOMM_STAGING_CHUNK_BYTES", "256")
+    assert staging._chunks(100, 4, whole=False) == [(0, 64), (64, 100)]
+    assert staging._chunks(100, 4, whole=True) == [(0, 100)]
+    assert staging._chunks(0, 4, whole=False) == [(0, 0)]
+    assert staging._chunks(3, 512, whole=False) == [(0, 1), (1, 2), (2, 3)]
+    for bad in ("0", "-5", "4M", "x"):
+        monkeypatch.setenv("MLCOMM_STAGING_CHUNK_BYTES", bad)
+        with pytest.raises(ValueError, match="MLCOMM_STAGING_CHUNK_BYTES"):
+            staging.chunk_bytes()
 
 
 # --- CUDA-awareness decision -----------------------------------------------------------------
@@ -93,16 +158,27 @@ def test_warn_once_only_when_unknown(gpu, monkeypatch):
     monkeypatch.setattr(gpu, "_probe", lambda: ("unknown", "a test library"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        gpu._warn_once_if_unknown()
-        gpu._warn_once_if_unknown()
+        gpu.warn_once_if_unknown()
+        gpu.warn_once_if_unknown()
     assert [w.category for w in caught] == [RuntimeWarning]
     assert "cannot tell" in str(caught[0].message)
     gpu._reset()
     monkeypatch.setattr(gpu, "_probe", lambda: ("no", "a test library"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        gpu._warn_once_if_unknown()
+        gpu.warn_once_if_unknown()
     assert caught == []
+
+
+@pytest.mark.parametrize("aware,line", [("1", "CUDA-aware  yes (MLCOMM_CUDA_AWARE=1)"),
+                                        ("0", "CUDA-aware  no (MLCOMM_CUDA_AWARE=0; staging")])
+def test_info_reports_the_decision_and_chunk_size(aware, line):
+    env = dict(os.environ, MLCOMM_CUDA_AWARE=aware, MLCOMM_STAGING_CHUNK_BYTES="1024")
+    proc = subprocess.run([sys.executable, "-m", "mlcomm", "info"], capture_output=True,
+                          text=True, timeout=120, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert line in proc.stdout
+    assert "staging     1024-byte chunks when not CUDA-aware" in proc.stdout
 
 
 # --- detection and rank -> GPU -----------------------------------------------------------------
@@ -138,7 +214,7 @@ def test_node_local_rank_from_launcher(gpu, monkeypatch, var):
 
 
 def test_select_device_mod_visible(gpu, monkeypatch):
-    monkeypatch.setattr(gpu, "_simulator", lambda: False)
+    monkeypatch.setattr(gpu, "simulator", lambda: False)
     monkeypatch.setattr(gpu, "_gpu_count", lambda: (0, None))
     assert gpu.select_device(3) is None  # no GPU: nothing to do
     chosen = []
@@ -160,9 +236,9 @@ import numpy as np
 from numba import cuda
 from mpi4py import MPI
 import mlcomm
-from mlcomm import gpu
+from mlcomm import device, gpu, staging
 
-assert gpu._simulator()
+assert gpu.simulator()
 a = cuda.to_device(np.arange(6, dtype=np.float32))
 assert gpu.is_device_array(a) and not gpu.is_device_array(a.copy_to_host())
 assert gpu.select_device() is None  # a no-op under the simulator
@@ -171,35 +247,57 @@ gpu._probe = lambda: ("unknown", "simulated")
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     for _ in range(3):
-        hs, hr, finish = gpu.stage(a, None)
+        hs, hr, finish = staging.stage(a, None)
 n = sum(issubclass(w.category, RuntimeWarning) for w in caught)
 assert n == 1, [str(w.message) for w in caught]
 
 # single-rank round trip: out of place, in place, new array, bfloat16 reinterpretation
 res = finish(mlcomm.allreduce(hs, hr, "sum"))
 assert type(res).__name__ == "FakeCUDAArray" and res.copy_to_host().tolist() == list(range(6))
-hs, hr, finish = gpu.stage(MPI.IN_PLACE, a)
+hs, hr, finish = staging.stage(MPI.IN_PLACE, a)
 assert hs is MPI.IN_PLACE and hr.tolist() == list(range(6))
 hr *= 2
 assert finish(hr) is a and a.copy_to_host().tolist() == [0, 2, 4, 6, 8, 10]
 bits = np.array([1.5, -2.0, 3.25], ml_dtypes.bfloat16).view(np.uint16)
 d = cuda.to_device(bits)
-hs, hr, finish = gpu.stage(d, None, dtype=ml_dtypes.bfloat16)
+hs, hr, finish = staging.stage(d, None, dtype=ml_dtypes.bfloat16)
 assert hs.dtype == ml_dtypes.bfloat16 and hs.astype(float).tolist() == [1.5, -2.0, 3.25]
 out = finish(mlcomm.allreduce(hs, None, "sum", algorithm="ring"))
 assert out.copy_to_host().view(ml_dtypes.bfloat16).astype(float).tolist() == [1.5, -2.0, 3.25]
 
-# errors: mixing host and device, IN_PLACE without recvbuf, size mismatch in dtype=
-for args, kw, exc in [((np.zeros(6, np.float32), a), {}, TypeError),
-                      ((a, np.zeros(6, np.float32)), {}, TypeError),
-                      ((MPI.IN_PLACE, None), {}, ValueError),
-                      ((a, None), {"dtype": np.float64}, TypeError)]:
-    try:
-        gpu.stage(*args, **kw)
-    except exc:
-        pass
-    else:
-        raise AssertionError(f"stage{args} {kw} did not raise {exc.__name__}")
+# errors (UserBuffers checks for both paths): mixing host and device, IN_PLACE without recvbuf, an item size
+# that dtype= cannot reinterpret, different dtypes, a non-contiguous buffer
+strided = cuda.to_device(np.zeros(12, np.float32))[::2]
+for args, kw, exc, words in [
+        ((np.zeros(6, np.float32), a), {}, TypeError, "sendbuf is a ndarray"),
+        ((a, np.zeros(6, np.float32)), {}, TypeError, "recvbuf is a ndarray"),
+        ((MPI.IN_PLACE, None), {}, ValueError, "needs recvbuf"),
+        ((a, None), {"dtype": np.float64}, TypeError, "item sizes differ"),
+        ((a, cuda.device_array(6, np.int32)), {}, TypeError, "differs from sendbuf dtype"),
+        ((strided, None), {}, ValueError, "non-contiguous")]:
+    for path in (staging.stage, device.UserBuffers):
+        try:
+            path(*args, **kw)
+        except exc as e:
+            assert words in str(e), (path.__name__, str(e))
+        else:
+            raise AssertionError(f"{path.__name__}{args} {kw} did not raise {exc.__name__}")
+
+# device vectors (the direct path's buffers): views over the same memory, as bytes for MPI
+raw = cuda.to_device(bits)
+v = device.direct(device.UserBuffers(raw, None, dtype=ml_dtypes.bfloat16))[0]
+assert v.dtype == ml_dtypes.bfloat16 and v.raw.dtype == np.uint16 and v.size == 3
+part = v[1:3]
+assert part.ptr == v.ptr + 2 and part.nbytes == 4 and part.bytes().size == 4
+assert part.overlaps(v) and not v[0:1].overlaps(part) and not v[0:0].overlaps(v)
+assert v.empty(0).size == 0 and v.empty(0).ptr == v.ptr  # nothing allocated
+w = v.empty(3)
+assert w.dtype == v.dtype and not w.overlaps(v)
+w.copy_from(v)
+w.synchronize()
+assert w.raw.copy_to_host().tolist() == bits.tolist()
+send, recv, result = device.direct(device.UserBuffers(MPI.IN_PLACE, raw))
+assert send is MPI.IN_PLACE and result(recv) is raw and result(recv[0:1]) is not raw
 print("SIM-CHECKS-OK")
 """
 

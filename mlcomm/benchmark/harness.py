@@ -12,7 +12,6 @@ baseline and its wrong elements are counted over all ranks.
 from __future__ import annotations
 
 import math
-import os
 import re
 import resource
 import time
@@ -249,7 +248,8 @@ class _Cuda:
         cupy.cuda.Device(local.Get_rank() % ngpu).use()
         local.Free()
         self.cp = cupy
-        self.aware = os.environ.get("MLCOMM_CUDA_AWARE", "") == "1"
+        from ..gpu import cuda_aware
+        self.aware = cuda_aware()  # the baseline stages exactly when mlcomm does
 
     def empty(self, n, dtype):
         return self.cp.empty(n, dtype)
