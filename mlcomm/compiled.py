@@ -8,8 +8,10 @@ the copies and reductions as loops.  Nothing is allocated per call.
 
 Program layout: ``[steps, request_bytes, status_bytes]`` then per step
 ``[requests, first_request, ops, early]`` and per op ``[kind, dst_buffer, dst_start, src_buffer,
-src_start, left_buffer, left_start, count]`` (kind 0 copy, 1 reduce ``dst = left (op) src``;
-buffers 0 input, 1 output, 2 scratch).  ``early`` steps start their transfers before
+src_start, left_buffer, left_start, count]`` (buffers 0 input, 1 output, 2 scratch).  The
+kind is 0 for a copy and, for a reduce ``dst = left (op) src``, 1 when left is dst, 2 when
+src is dst, else 3: each has its own loop, so no loop reads and writes the same array
+(LLVM vectorises only loops whose arrays it can prove apart).  ``early`` steps start their transfers before
 the previous step's ops run, so those ops overlap the wire (the executor checked that
 they touch different memory).
 
@@ -66,11 +68,12 @@ def supports(dtype: np.dtype, op: str) -> bool:
         and op in OPCODES
 
 
-def encode(steps: list, early: list, request_bytes: int, status_bytes: int,
+def encode(steps: list, early: list, same, request_bytes: int, status_bytes: int,
            scale: int = 1) -> np.ndarray:
     """Encode a compiled plan's steps (``Plan.steps``) as a program.
 
-    ``scale`` kernel elements make one plan element (2 for complex on its real view).
+    ``early[k]``: step k may start during step k-1's ops; ``same(r1, r2)``: two regions are
+    the same memory; ``scale`` kernel elements make one plan element (2 for complex).
     """
     words = [len(steps), request_bytes, status_bytes]
     first = 0
@@ -78,8 +81,10 @@ def encode(steps: list, early: list, request_bytes: int, status_bytes: int,
         n = len(sends) + len(recvs)
         words += [n, first, len(ops), int(start_early)]
         first += n
-        for is_copy, (dbuf, dstart, dstop), (sbuf, sstart, _), (lbuf, lstart, _) in ops:
-            words += [0 if is_copy else 1, _BUFFERS[dbuf], dstart * scale,
+        for is_copy, dst, src, left in ops:
+            (dbuf, dstart, dstop), (sbuf, sstart, _), (lbuf, lstart, _) = dst, src, left
+            kind = 0 if is_copy else 1 if same(left, dst) else 2 if same(src, dst) else 3
+            words += [kind, _BUFFERS[dbuf], dstart * scale,
                       _BUFFERS[sbuf], sstart * scale, _BUFFERS[lbuf], lstart * scale,
                       (dstop - dstart) * scale]
     return np.array(words, dtype=np.int64)
@@ -106,57 +111,72 @@ if njit is not None:
     def _waitall(typingctx, count, requests, statuses):
         return types.int64(types.intp, types.intp, types.intp), _mpi_call("MPI_Waitall", 2)
 
-    def _combine(opcode, d, ds, a, as_, b, bs, n):
-        """``d[ds:ds+n] = a[as_:as_+n] (op) b[bs:bs+n]``; typed per element kind below."""
+    def _loops(scalar):
+        """One op's reduction loops for kinds 1 (d = d op s), 2 (d = a op d), 3 (d = a op s).
+
+        Views are indexed from 0, so LLVM drops Numba's negative-index checks and vectorises.
+        """
+        @njit
+        def combine(kind, d, a, s):
+            if kind == 1:
+                for i in range(d.size):
+                    d[i] = scalar(d[i], s[i])
+            elif kind == 2:
+                for i in range(d.size):
+                    d[i] = scalar(a[i], d[i])
+            else:
+                for i in range(d.size):
+                    d[i] = scalar(a[i], s[i])
+        return combine
+
+    # np.minimum/np.maximum bit for bit: a NaN first operand wins, then the second; ties
+    # give the second (for integers these are plain min and max)
+    _sum = _loops(njit(lambda x, y: x + y))
+    _prod = _loops(njit(lambda x, y: x * y))
+    _min = _loops(njit(lambda x, y: x if (x < y or x != x) else y))
+    _max = _loops(njit(lambda x, y: x if (x > y or x != x) else y))
+    _band = _loops(njit(lambda x, y: x & y))
+    _bor = _loops(njit(lambda x, y: x | y))
+    _bxor = _loops(njit(lambda x, y: x ^ y))
+    _land = _loops(njit(lambda x, y: 1 if (x != 0 and y != 0) else 0))
+    _lor = _loops(njit(lambda x, y: 1 if (x != 0 or y != 0) else 0))
+
+    def _combine(opcode, kind, d, a, s):
+        """Reduce with op ``opcode`` (see OPCODES); typed per element kind below."""
 
     @overload(_combine)
-    def _combine_impl(opcode, d, ds, a, as_, b, bs, n):
+    def _combine_impl(opcode, kind, d, a, s):
         if isinstance(d.dtype, types.Float):
-            def float_combine(opcode, d, ds, a, as_, b, bs, n):
+            def float_combine(opcode, kind, d, a, s):
                 if opcode == 0:
-                    for i in range(n):
-                        d[ds + i] = a[as_ + i] + b[bs + i]
+                    _sum(kind, d, a, s)
                 elif opcode == 1:
-                    for i in range(n):
-                        d[ds + i] = a[as_ + i] * b[bs + i]
-                elif opcode == 2:  # np.minimum bit for bit: NaN in a wins, then b; ties give b
-                    for i in range(n):
-                        x, y = a[as_ + i], b[bs + i]
-                        d[ds + i] = x if (x < y or x != x) else y
+                    _prod(kind, d, a, s)
+                elif opcode == 2:
+                    _min(kind, d, a, s)
                 else:
-                    for i in range(n):
-                        x, y = a[as_ + i], b[bs + i]
-                        d[ds + i] = x if (x > y or x != x) else y
+                    _max(kind, d, a, s)
             return float_combine
 
-        def int_combine(opcode, d, ds, a, as_, b, bs, n):
+        def int_combine(opcode, kind, d, a, s):
             if opcode == 0:
-                for i in range(n):
-                    d[ds + i] = a[as_ + i] + b[bs + i]
+                _sum(kind, d, a, s)
             elif opcode == 1:
-                for i in range(n):
-                    d[ds + i] = a[as_ + i] * b[bs + i]
+                _prod(kind, d, a, s)
             elif opcode == 2:
-                for i in range(n):
-                    d[ds + i] = min(a[as_ + i], b[bs + i])
+                _min(kind, d, a, s)
             elif opcode == 3:
-                for i in range(n):
-                    d[ds + i] = max(a[as_ + i], b[bs + i])
+                _max(kind, d, a, s)
             elif opcode == 4:
-                for i in range(n):
-                    d[ds + i] = a[as_ + i] & b[bs + i]
+                _band(kind, d, a, s)
             elif opcode == 5:
-                for i in range(n):
-                    d[ds + i] = a[as_ + i] | b[bs + i]
+                _bor(kind, d, a, s)
             elif opcode == 6:
-                for i in range(n):
-                    d[ds + i] = a[as_ + i] ^ b[bs + i]
+                _bxor(kind, d, a, s)
             elif opcode == 7:
-                for i in range(n):
-                    d[ds + i] = 1 if (a[as_ + i] != 0 and b[bs + i] != 0) else 0
+                _land(kind, d, a, s)
             else:
-                for i in range(n):
-                    d[ds + i] = 1 if (a[as_ + i] != 0 or b[bs + i] != 0) else 0
+                _lor(kind, d, a, s)
         return int_combine
 
     @njit
@@ -184,15 +204,15 @@ if njit is not None:
                 if err != 0:
                     return err
             for _ in range(nops):
-                d = out if program[pc + 1] == 1 else scratch
-                ds, n = program[pc + 2], program[pc + 7]
-                s = _pick(program[pc + 3], inp, out, scratch)
-                ss = program[pc + 4]
-                if program[pc] == 0:
+                ds, ss, ls, n = program[pc + 2], program[pc + 4], program[pc + 6], program[pc + 7]
+                d = (out if program[pc + 1] == 1 else scratch)[ds:ds + n]
+                s = _pick(program[pc + 3], inp, out, scratch)[ss:ss + n]
+                kind = program[pc]
+                if kind == 0:
                     for i in range(n):
-                        d[ds + i] = s[ss + i]
+                        d[i] = s[i]
                 else:
-                    left = _pick(program[pc + 5], inp, out, scratch)
-                    _combine(opcode, d, ds, left, program[pc + 6], s, ss, n)
+                    a = _pick(program[pc + 5], inp, out, scratch)[ls:ls + n]
+                    _combine(opcode, kind, d, a, s)
                 pc += _OP
         return 0

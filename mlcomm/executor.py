@@ -207,7 +207,8 @@ def _compile(plan, inp, out, scratch, op, requests):
         handles[i * request_bytes:(i + 1) * request_bytes] = np.frombuffer(
             ctypes.string_at(MPI._addressof(req), request_bytes), np.uint8)
     statuses = np.empty(max(len(requests), 1) * status_bytes, np.uint8)
-    program = compiled.encode(plan.steps, _early_starts(plan, where), request_bytes,
+    program = compiled.encode(plan.steps, _early_starts(plan, where),
+                              lambda r1, r2: where(r1) == where(r2), request_bytes,
                               status_bytes, out.dtype.itemsize // kdt.itemsize)
     return (compiled.execute, program, handles, statuses, inp.view(kdt), out.view(kdt),
             scratch.view(kdt), compiled.OPCODES[op])
