@@ -282,13 +282,16 @@ def test_select_backend_and_env(monkeypatch):
     large = np.zeros(K.NUMBA_MIN_BYTES // 4, np.float32)
     assert K.select_backend(small) == "numpy"
     assert K.select_backend(large) == "numba"
-    assert K.select_backend(np.zeros(K.NUMBA_MIN_BYTES, np.float16)) == "numpy"
-    assert K.select_backend(np.zeros(K.NUMBA_MIN_BYTES, BF16)) == "numpy"
+    assert K.select_backend(np.zeros(K.NUMBA_MIN_BYTES // 2, np.float16)) == "numba"
+    assert K.select_backend(np.zeros(K.NUMBA_MIN_BYTES // 2, BF16)) == "numba"
+    assert K.select_backend(large, op="prod") == "numba"
+    assert K.select_backend(large.astype(np.complex64), op="prod") == "numpy"
     monkeypatch.setenv("MLCOMM_KERNEL", "numpy")
     assert K.select_backend(large) == "numpy"
     monkeypatch.setenv("MLCOMM_KERNEL", "numba")
     assert K.select_backend(small) == "numba"
-    assert K.select_backend(np.zeros(16, np.float16)) == "numpy"
+    assert K.select_backend(np.zeros(16, np.float16)) == "numba"
+    assert K.select_backend(small[::2], small[::2]) == "numpy"  # not contiguous
     x = small + 1
     K.reduce_into(x, small + 2, "sum")
     np.testing.assert_array_equal(x, 3)
