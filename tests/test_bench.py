@@ -243,3 +243,35 @@ def test_bench_kernels_rejects_unknown_dtype():
     proc = mpirun(1, BENCH + ["--kernels", "--dtype", "float32,float7", "--sizes", "64K"],
                   timeout=120, check=False)
     assert proc.returncode != 0 and "float7" in proc.stderr
+
+
+# ----------------------------------------------------------------- memory
+
+def test_rss_peak_resets():
+    import numpy as np
+    from mlcomm.benchmark import rss
+    if not rss.reset_peak():
+        pytest.skip("resetting the peak needs Linux's /proc/self/clear_refs")
+    before = rss.current_bytes()
+    x = np.ones(64 << 20, np.uint8)  # written, so resident
+    high = rss.peak_bytes()
+    assert high - before >= 60 << 20
+    del x
+    assert rss.peak_bytes() > high - (4 << 20)  # freed memory still counts until the reset
+    assert rss.reset_peak()
+    assert rss.peak_bytes() < high - (32 << 20)
+
+
+def test_memory_job_tells_scratch_apart():
+    """ring at P = 2 writes half a vector of scratch; the 1 MiB-chunk tree almost none."""
+    from conftest import ROOT
+    out = {}
+    for alg in ("ring", "double_binary_tree"):
+        proc = mpirun(2, [ROOT / "bench" / "memory.py", "--worker", "--algorithm", alg,
+                          "--bytes", "32M"], timeout=240)
+        out[alg] = json.loads(proc.stdout.strip().splitlines()[-1])
+    ring, tree = out["ring"], out["double_binary_tree"]
+    assert ring["correct"] and tree["correct"] and ring["ranks"] == 2
+    assert ring["schedule_scratch_vectors"] == 1.0 and tree["schedule_scratch_vectors"] < 0.2
+    assert ring["extra_vectors"] - tree["extra_vectors"] > 0.4
+    assert ring["retained_vectors"] > 0.4  # the plan cache keeps the scratch
