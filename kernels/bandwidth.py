@@ -1,10 +1,11 @@
 """Measure reduction-kernel bandwidth against a plain copy, in the same run.
 
 Bytes moved: a reduction ``dst = dst op src`` reads two arrays and writes one (3 x nbytes), a
-copy reads one and writes one (2 x nbytes). The copy uses the same backend and threads as the
-reduction (NumPy: ``np.copyto``; Numba: the same parallel kernel with a copy in its loop;
-CUDA/CuPy: a device copy), so the ratio says how close the reduction gets to what the memory
-system gives that backend. Reduction and copy alternate, so both see the same load.
+copy reads one and writes one (2 x nbytes). Two copies are timed: the backend's own with the
+reduction's threads (NumPy: ``np.copyto``; Numba: the same parallel kernel with a copy in its
+loop; CUDA/CuPy: a device copy) and, on the host, ``np.copyto`` (the C library's memcpy, which
+may use non-temporal stores that skip reading the destination). The ratio is the reduction's
+rate over the faster of the two. Reduction and copies alternate, so all see the same load.
 """
 
 import contextlib
@@ -36,11 +37,11 @@ def _fill(n, dtype):
     return (1.0 + rng.random(n) * 1e-3).astype(dtype)  # stays finite under repeated prod
 
 
-def _time_pair(run_a, run_b, repeat, sync):
-    """Return the best times of ``run_a`` and ``run_b``, timed in turn ``repeat`` times."""
-    best = [float("inf"), float("inf")]
+def _time_alternating(runs, repeat, sync):
+    """Return the best time of each of ``runs``, timed in turn ``repeat`` times."""
+    best = [float("inf")] * len(runs)
     for _ in range(repeat):
-        for k, fn in enumerate((run_a, run_b)):
+        for k, fn in enumerate(runs):
             sync()
             t0 = time.perf_counter()
             fn()
@@ -50,7 +51,7 @@ def _time_pair(run_a, run_b, repeat, sync):
 
 
 def _cpu(host_dst, host_src, op, backend, threads):
-    """Return (backend name, threads context, reduce, copy, sync, threads used) on the host."""
+    """Return (backend name, threads context, [reduce, copy, memcpy], sync, threads used)."""
     from . import dispatch
     name = backend or select_backend(host_dst, host_src, op)
     if name == "numba" and not dispatch._module("numba").supports(host_dst.dtype, op):
@@ -62,12 +63,13 @@ def _cpu(host_dst, host_src, op, backend, threads):
         used = mod.threads_used
     else:
         context, used = contextlib.nullcontext(), (lambda: 1)
-    return (name, context, lambda: mod.reduce_into(dst, src, op),
-            lambda: mod.copy(copy_dst, src), lambda: None, used)
+    runs = [lambda: mod.reduce_into(dst, src, op), lambda: mod.copy(copy_dst, src),
+            lambda: np.copyto(copy_dst, src)]
+    return name, context, runs, lambda: None, used
 
 
 def _device(host_dst, host_src, op, backend, dt):
-    """Return the same tuple as :func:`_cpu` for device arrays (CuPy or Numba CUDA)."""
+    """Return the same tuple as :func:`_cpu` for device arrays (CuPy or Numba CUDA), no memcpy."""
     from . import dispatch
     name = backend
     if name is None:
@@ -90,8 +92,9 @@ def _device(host_dst, host_src, op, backend, dt):
 
         def sync():
             cuda.synchronize()
-    return (name, contextlib.nullcontext(), lambda: mod.reduce_into(dst, src, op, dtype=dt),
-            lambda: mod.copy(copy_dst, src, dtype=dt), sync, lambda: None)
+    runs = [lambda: mod.reduce_into(dst, src, op, dtype=dt),
+            lambda: mod.copy(copy_dst, src, dtype=dt)]
+    return name, contextlib.nullcontext(), runs, sync, lambda: None
 
 
 def measure(nbytes, dtype="float32", op="sum", backend=None, repeat=10, device="cpu",
@@ -104,7 +107,8 @@ def measure(nbytes, dtype="float32", op="sum", backend=None, repeat=10, device="
     Times are the best of ``repeat`` alternating runs after ``warmup`` untimed runs (which
     also pay for JIT compilation). Returned keys: backend, device, threads (how many threads
     really ran the reduction; None on a GPU), dtype, op, nbytes, count, repeat, reduce_s,
-    copy_s, reduce_gbps, copy_gbps, ratio (reduce_gbps / copy_gbps).
+    copy_s, memcpy_s, reduce_gbps, copy_gbps, memcpy_gbps (``np.copyto``; None on a GPU), ratio
+    (reduce_gbps over the larger of copy_gbps and memcpy_gbps).
     """
     op = normalize_op(op)
     dt = _dtype(dtype)
@@ -112,27 +116,26 @@ def measure(nbytes, dtype="float32", op="sum", backend=None, repeat=10, device="
     count = max(1, int(nbytes) // dt.itemsize)
     host_dst, host_src = _fill(count, dt), _fill(count, dt)
     if device == "cpu":
-        name, context, run_reduce, run_copy, sync, used = _cpu(host_dst, host_src, op,
-                                                               backend, threads)
+        name, context, runs, sync, used = _cpu(host_dst, host_src, op, backend, threads)
     elif device in ("cuda", "gpu"):
-        name, context, run_reduce, run_copy, sync, used = _device(host_dst, host_src, op,
-                                                                  backend, dt)
+        name, context, runs, sync, used = _device(host_dst, host_src, op, backend, dt)
     else:
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     with context:
         for _ in range(max(0, warmup)):
-            run_reduce()
-            run_copy()
-        reduce_s, copy_s = _time_pair(run_reduce, run_copy, repeat, sync)
-        run_reduce()
+            for fn in runs:
+                fn()
+        best = _time_alternating(runs, repeat, sync)
+        runs[0]()
         n_threads = used()  # the reduction's own threads, not the copy's
     nb = count * dt.itemsize
-    reduce_gbps = 3 * nb / reduce_s / 1e9
-    copy_gbps = 2 * nb / copy_s / 1e9
+    reduce_gbps, copy_gbps = 3 * nb / best[0] / 1e9, 2 * nb / best[1] / 1e9
+    memcpy_gbps = 2 * nb / best[2] / 1e9 if len(best) > 2 else None
     return {
         "backend": name, "device": device, "threads": n_threads, "dtype": str(dt), "op": op,
-        "nbytes": nb, "count": count, "repeat": repeat, "reduce_s": reduce_s, "copy_s": copy_s,
-        "reduce_gbps": reduce_gbps, "copy_gbps": copy_gbps, "ratio": reduce_gbps / copy_gbps,
+        "nbytes": nb, "count": count, "repeat": repeat, "reduce_s": best[0], "copy_s": best[1],
+        "memcpy_s": best[2] if len(best) > 2 else None, "reduce_gbps": reduce_gbps, "copy_gbps": copy_gbps, "memcpy_gbps": memcpy_gbps,
+        "ratio": reduce_gbps / max(copy_gbps, memcpy_gbps or 0.0),
     }
 
 
@@ -151,7 +154,7 @@ def _main(argv=None):
                 threads=args.threads)
     print(f"{r['backend']:>6} x{r['threads']} {r['dtype']:>9} {r['op']:>4} {r['nbytes']:>11} B  "
           f"reduce {r['reduce_gbps']:7.2f} GB/s  copy {r['copy_gbps']:7.2f} GB/s  "
-          f"ratio {r['ratio']:.2f}")
+          f"memcpy {r['memcpy_gbps'] or 0:7.2f} GB/s  ratio {r['ratio']:.2f}")
     return 0
 
 

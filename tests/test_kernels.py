@@ -539,7 +539,8 @@ def test_bandwidth_measure(backend):
     assert r["backend"] == backend and r["nbytes"] == 1 << 16 and r["count"] == 1 << 14
     assert r["threads"] == (1 if backend == "numpy" else numba_backend.num_threads())
     assert r["reduce_gbps"] > 0 and r["copy_gbps"] > 0
-    assert r["ratio"] == pytest.approx(r["reduce_gbps"] / r["copy_gbps"])
+    assert r["ratio"] == pytest.approx(r["reduce_gbps"] / max(r["copy_gbps"], r["memcpy_gbps"]))
+    assert r["memcpy_gbps"] == pytest.approx(2 * r["nbytes"] / r["memcpy_s"] / 1e9)
     assert r["reduce_gbps"] == pytest.approx(3 * r["nbytes"] / r["reduce_s"] / 1e9)
     with pytest.raises(TypeError):
         bandwidth.measure(1024, "complex64", "max")
