@@ -14,7 +14,7 @@ float16 and bfloat16 run on their raw uint16 bits: widened to float32 exactly, r
 and rounded back to nearest even. For + and x that is NumPy's float16 and ml_dtypes' bfloat16
 result bit for bit (float32 has more than 2p + 2 bits, so rounding twice cannot differ from
 rounding once). NaN operands follow what NumPy and ml_dtypes do: a NaN in ``src`` wins, then
-a NaN in ``dst``; float16 keeps the payload and sets the quiet bit, bfloat16 makes ±0x7FC0.
+a NaN in ``dst``, made quiet; float16 keeps its payload, bfloat16 makes ±0x7FC0.
 
 Threads: ``max(1, usable cpus // ranks on this node)``, ranks on this node read from
 ``MPI_LOCALNRANKS`` (MPICH/Hydra), ``OMPI_COMM_WORLD_LOCAL_SIZE`` (Open MPI),
@@ -246,14 +246,6 @@ if numba is not None:
         return np.uint16(h | ((u >> 16) & 0x8000))
 
     @_inline
-    def _f16_nan(h):
-        return (h & 0x7FFF) > 0x7C00
-
-    @_inline
-    def _f16_quiet(h):
-        return np.uint16(h | 0x200)
-
-    @_inline
     def _bf16_to_f32(h):
         return _f32(np.int64(h) << 16)
 
@@ -265,16 +257,12 @@ if numba is not None:
         return np.uint16((u + 0x7FFF + ((u >> 16) & 1)) >> 16)
 
     @_inline
-    def _bf16_nan(h):
-        return (h & 0x7FFF) > 0x7F80
-
-    @_inline
-    def _bf16_quiet(h):
-        return np.uint16((h & 0x8000) | 0x7FC0)
-
-    @_inline
     def _same(x):
         return x
+
+    @_inline
+    def _quiet(x):
+        return _f32(np.int64(_bits(x)) | 0x400000)
 
     @_inline
     def _add(x, y):
@@ -288,27 +276,28 @@ if numba is not None:
     def _div(x, y):
         return x / y
 
-    # prefix -> (widen, narrow, is_nan, quiet, min/max keep dst on ties)
+    # prefix -> (widen, narrow, min/max keep dst on ties)
     _CODECS = {
-        "": (_same, _same, None, None, False),
-        "f16": (_hw_f16_to_f32, _hw_f32_to_f16, _f16_nan, _f16_quiet, True) if _hw_half()
-        else (_soft_f16_to_f32, _soft_f32_to_f16, _f16_nan, _f16_quiet, True),
-        "bf16": (_bf16_to_f32, _f32_to_bf16, _bf16_nan, _bf16_quiet, False),
+        "": (_same, _same, False),
+        "f16": (_hw_f16_to_f32, _hw_f32_to_f16, True) if _hw_half()
+        else (_soft_f16_to_f32, _soft_f32_to_f16, True),
+        "bf16": (_bf16_to_f32, _f32_to_bf16, False),
     }
 
 
 # --- one scalar op per name, chosen while compiling -------------------------------------------
 
-def _arith(fn, widen, narrow, is_nan, quiet):
-    if is_nan is None:
+def _arith(fn, widen, narrow):
+    if widen is _same:
         return lambda name, a, b: fn(a, b)
 
     def impl(name, a, b):
-        if is_nan(b):
-            return quiet(b)
-        if is_nan(a):
-            return quiet(a)
-        return narrow(fn(widen(a), widen(b)))
+        x = widen(a)
+        y = widen(b)
+        r = fn(x, y)
+        if r != r:  # NaN: src's NaN wins, then dst's (as in NumPy and ml_dtypes), made quiet
+            r = _quiet(y if y != y else (x if x != x else r))
+        return narrow(r)
     return impl
 
 
@@ -337,12 +326,12 @@ def _impl(name):
     if name in _NATIVE:
         return _NATIVE[name]
     prefix, _, op = name.rpartition("_")
-    widen, narrow, is_nan, quiet, ties = _CODECS[prefix]
+    widen, narrow, ties = _CODECS[prefix]
     if op in ("min", "max"):
         return _pick(op == "max", widen, ties)
     if op == "div":  # b is the float divisor; a NaN in a stays NaN without help
         return lambda name, a, b: narrow(widen(a) / b)
-    return _arith(_add if op == "sum" else _mul, widen, narrow, is_nan, quiet)
+    return _arith(_add if op == "sum" else _mul, widen, narrow)
 
 
 def _scalar(name, a, b):

@@ -387,6 +387,37 @@ def test_float16_bit_arithmetic_equals_numpy():
     assert np.isnan(out.view(np.float16)[~quiet_or_number]).all()
 
 
+@pytest.mark.parametrize("op", ["sum", "prod", "min", "max", "div"])
+def test_float16_ops_without_f16c_equal_numpy(monkeypatch, op):
+    """The kernels' float16 ops built on the bit arithmetic match NumPy, NaN bits included."""
+    numba = pytest.importorskip("numba")
+    nb = numba_backend
+    monkeypatch.setitem(nb._CODECS, "f16", (nb._soft_f16_to_f32, nb._soft_f32_to_f16, True))
+    fn = numba.njit(nb._impl(f"f16_{op}"))
+
+    @numba.njit
+    def loop(d, s):
+        for i in range(d.shape[0]):
+            d[i] = fn(0, d[i], s[i])
+
+    every = np.arange(1 << 16, dtype=np.uint16)
+    f16 = np.dtype(np.float16)
+    if op == "div":  # finalize: divide by the rank count in float32, round once
+        for n in (3, 7):
+            got = every.copy()
+            loop(got, np.full(every.size, n, np.float32))
+            want = every.view(f16).copy()
+            numpy_backend.finalize(want, "avg", n)
+            assert_same_bits(got.view(f16), want, nan_bits=False)
+        return
+    a = np.concatenate([np.tile(every, _SPECIAL.size), np.repeat(_SPECIAL, every.size)])
+    b = np.concatenate([np.repeat(_SPECIAL, every.size), np.tile(every, _SPECIAL.size)])
+    got, want = a.copy(), a.view(f16).copy()
+    loop(got, b)
+    numpy_backend.reduce_into(want, b.view(f16), op)
+    assert_same_bits(got.view(f16), want)
+
+
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.int8),
                                    np.dtype(np.complex64)] + HALVES, ids=str)
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 63, 1000, 4097])
