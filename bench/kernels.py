@@ -60,8 +60,10 @@ def main() -> int:
     from mlcomm.benchmark.report import format_kernels
     runs = [one_run(args) for _ in tqdm(range(args.runs), desc="kernel runs", leave=False)]
     rows = medians(runs)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=HERE).stdout.strip()
     meta = {"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "cpus": len(os.sched_getaffinity(0)), "runs": args.runs,
+            "mlcomm_commit": commit, "cpus": len(os.sched_getaffinity(0)), "runs": args.runs,
             "load_average": os.getloadavg(), "command": "python bench/kernels.py " +
             " ".join(sys.argv[1:])}
     Path(args.output).write_text(json.dumps({"metadata": meta, "rows": rows}, indent=1) + "\n")
