@@ -188,36 +188,23 @@ if numba is not None:
             return builder.bitcast(value, ir.FloatType())
         return types.float32(bits), codegen
 
-    @intrinsic
-    def _bits(typingctx, x):
-        """Reinterpret a float32 as its uint32 bits."""
-        if x != types.float32:
-            return None
+    def _cast(arg_type, result_type, emit):
+        """Return an intrinsic turning one ``arg_type`` value into ``result_type`` by ``emit``."""
+        @intrinsic
+        def cast(typingctx, x):
+            if x != arg_type:
+                return None
+            return result_type(x), lambda context, builder, sig, args: emit(builder, args[0])
+        return cast
 
-        def codegen(context, builder, sig, args):
-            return builder.bitcast(args[0], ir.IntType(32))
-        return types.uint32(x), codegen
-
-    @intrinsic
-    def _hw_f16_to_f32(typingctx, h):
-        """Widen float16 bits with the CPU's conversion (F16C's vcvtph2ps)."""
-        if h != types.uint16:
-            return None
-
-        def codegen(context, builder, sig, args):
-            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-        return types.float32(h), codegen
-
-    @intrinsic
-    def _hw_f32_to_f16(typingctx, x):
-        """Round a float32 to float16 bits with the CPU's conversion (vcvtps2ph), to nearest even."""
-        if x != types.float32:
-            return None
-
-        def codegen(context, builder, sig, args):
-            half = builder.fptrunc(args[0], ir.HalfType())
-            return builder.bitcast(half, ir.IntType(16))
-        return types.uint16(x), codegen
+    # a float32's uint32 bits
+    _bits = _cast(types.float32, types.uint32, lambda b, v: b.bitcast(v, ir.IntType(32)))
+    # float16 bits <-> float32 by the CPU's conversions (F16C's vcvtph2ps and vcvtps2ph,
+    # round to nearest even)
+    _hw_f16_to_f32 = _cast(types.uint16, types.float32,
+                           lambda b, v: b.fpext(b.bitcast(v, ir.HalfType()), ir.FloatType()))
+    _hw_f32_to_f16 = _cast(types.float32, types.uint16,
+                           lambda b, v: b.bitcast(b.fptrunc(v, ir.HalfType()), ir.IntType(16)))
 
     @_inline
     def _soft_f16_to_f32(h):
