@@ -152,7 +152,7 @@ def _main(argv=None):
     args = parser.parse_args(argv)
     r = measure(args.bytes, args.dtype, args.op, args.backend, args.repeat, args.device,
                 threads=args.threads)
-    print(f"{r['backend']:>6} x{r['threads']} {r['dtype']:>9} {r['op']:>4} {r['nbytes']:>11} B  "
+    print(f"{r['backend']:>6} x{r['threads'] or '-'} {r['dtype']:>9} {r['op']:>4} {r['nbytes']:>11} B  "
           f"reduce {r['reduce_gbps']:7.2f} GB/s  copy {r['copy_gbps']:7.2f} GB/s  "
           f"memcpy {r['memcpy_gbps'] or 0:7.2f} GB/s  ratio {r['ratio']:.2f}")
     return 0
