@@ -5,11 +5,11 @@ the array type; ``finalize`` turns a sum into an average; ``check_op`` rejects c
 make no sense before any message is sent.
 """
 
-from .dispatch import (BACKENDS, NUMBA_MIN_BYTES, backends, finalize, kernel_for, reduce_into,
-                       select_backend)
+from .dispatch import (BACKENDS, NUMBA_MIN_BYTES, NUMBA_MIN_BYTES_HALF, backends, finalize,
+                       kernel_for, reduce_into, select_backend)
 from .ops import (BFLOAT16, DTYPES, OPS, check_op, dtype_kind, is_supported, normalize_op,
                   supported_dtypes)
 
-__all__ = ["OPS", "DTYPES", "BFLOAT16", "BACKENDS", "NUMBA_MIN_BYTES", "check_op",
-           "is_supported", "normalize_op", "dtype_kind", "supported_dtypes", "reduce_into", "kernel_for",
-           "finalize", "select_backend", "backends"]
+__all__ = ["OPS", "DTYPES", "BFLOAT16", "BACKENDS", "NUMBA_MIN_BYTES", "NUMBA_MIN_BYTES_HALF",
+           "check_op", "is_supported", "normalize_op", "dtype_kind", "supported_dtypes",
+           "reduce_into", "kernel_for", "finalize", "select_backend", "backends"]

@@ -1,8 +1,9 @@
 """Pick a reduction backend from the array type and run ``reduce_into``/``finalize`` on it.
 
-NumPy arrays go to "numba" when they are large (at least :data:`NUMBA_MIN_BYTES`), contiguous
-and of a dtype Numba can do, else to "numpy". ``MLCOMM_KERNEL=numpy|numba`` forces the CPU
-backend (float16/bfloat16 and non-contiguous arrays still use NumPy). Arrays exposing
+NumPy arrays go to "numba" when they are large (at least :data:`NUMBA_MIN_BYTES`, or
+:data:`NUMBA_MIN_BYTES_HALF` for float16/bfloat16), contiguous and of a dtype Numba can do, else
+to "numpy". ``MLCOMM_KERNEL=numpy|numba`` forces the CPU backend (non-contiguous arrays and
+complex prod still use NumPy). Arrays exposing
 ``__cuda_array_interface__`` go to "cupy" when they are CuPy arrays, else to "cuda" (Numba CUDA).
 """
 
@@ -11,10 +12,10 @@ import os
 import numpy as np
 
 from . import numpy_backend
-from .ops import check_op, normalize_op
+from .ops import check_op, dtype_kind, normalize_op
 
-__all__ = ["BACKENDS", "NUMBA_MIN_BYTES", "reduce_into", "kernel_for", "finalize",
-           "select_backend", "backends"]
+__all__ = ["BACKENDS", "NUMBA_MIN_BYTES", "NUMBA_MIN_BYTES_HALF", "reduce_into", "kernel_for",
+           "finalize", "select_backend", "backends"]
 
 #: Every backend name, CPU first.
 BACKENDS = ("numpy", "numba", "cuda", "cupy")
@@ -23,6 +24,11 @@ BACKENDS = ("numpy", "numba", "cuda", "cupy")
 #: parallel launch costs more than it saves (measured on a 2-core machine: numba overtakes
 #: numpy ufuncs for float32 sum between 64 KiB and 256 KiB; see kernels/bandwidth.py).
 NUMBA_MIN_BYTES = int(os.environ.get("MLCOMM_NUMBA_MIN_BYTES", 256 * 1024))
+
+#: float16/bfloat16 arrays use Numba from this size: NumPy widens and rounds them one element
+#: at a time, so Numba's fixed ~8 us launch pays from a few KiB (measured here: 1 KiB of
+#: float16 sums in 10 us with NumPy, 9 us with Numba; 64 KiB in 395 us and 13 us).
+NUMBA_MIN_BYTES_HALF = 4 * 1024
 
 _numba = None  # the numba_backend module once imported, False when unusable
 
@@ -69,7 +75,8 @@ def select_backend(dst, src=None, op=None):
             return "numpy"
         if src is not None and not nb.contiguous_pair(dst, src):
             return "numpy"
-        if forced == "numba" or dst.nbytes >= NUMBA_MIN_BYTES:
+        half = dst.itemsize == 2 and dtype_kind(dst.dtype) == "f"
+        if forced == "numba" or dst.nbytes >= (NUMBA_MIN_BYTES_HALF if half else NUMBA_MIN_BYTES):
             return "numba"
         return "numpy"
     if _is_device(dst):

@@ -57,15 +57,15 @@ def available() -> bool:
     return _ready
 
 
-_KINDS = frozenset("iufb")
+#: dtypes with loops here, reduced on their kernel view (see numba_backend.kernel_dtype)
+_DTYPES = frozenset(np.dtype(t) for t in (
+    np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+    np.float32, np.float64, np.complex64, np.complex128, np.bool_))
 
 
 def supports(dtype: np.dtype, op: str) -> bool:
-    """True when the compiled loop reduces ``dtype`` with ``op`` (on its kernel view)."""
-    from .kernels.numba_backend import kernel_dtype
-    kdt = kernel_dtype(dtype, op)
-    return kdt.kind in _KINDS and kdt.itemsize >= (4 if kdt.kind == "f" else 1) \
-        and op in OPCODES
+    """True when the compiled loop reduces ``dtype`` with ``op`` (complex: sum only)."""
+    return dtype in _DTYPES and op in OPCODES and (dtype.kind != "c" or op in ("sum", "avg"))
 
 
 def encode(steps: list, early: list, same, request_bytes: int, status_bytes: int,

@@ -8,7 +8,7 @@ import pytest
 
 from mlcomm.benchmark.harness import (EXTRA_KEYS, RECORD_KEYS, band_summary, default_iters,
                                       parse_size, size_list)
-from mlcomm.benchmark.report import format_csv, format_json, format_table
+from mlcomm.benchmark.report import format_csv, format_json, format_kernels, format_table
 
 from conftest import mpirun
 
@@ -192,3 +192,89 @@ def test_bench_cuda_without_gpu_fails_clearly():
         pass
     proc = mpirun(2, BENCH + ["--device", "cuda", "--quick"], timeout=120, check=False)
     assert proc.returncode != 0 and "--device cuda needs CuPy" in proc.stdout + proc.stderr
+
+
+# ----------------------------------------------------------------- --kernels
+
+def _kernel_row(backend, threads, dtype, nbytes, reduce_gbps, copy_gbps, memcpy_gbps=1.0):
+    return {"backend": backend, "device": "cpu", "threads": threads, "dtype": dtype, "op": "sum",
+            "nbytes": nbytes, "count": nbytes // 4, "repeat": 3,
+            "reduce_s": 3 * nbytes / reduce_gbps / 1e9, "copy_s": 2 * nbytes / copy_gbps / 1e9,
+            "memcpy_s": 2 * nbytes / memcpy_gbps / 1e9, "reduce_gbps": reduce_gbps,
+            "copy_gbps": copy_gbps, "memcpy_gbps": memcpy_gbps,
+            "ratio": reduce_gbps / max(copy_gbps, memcpy_gbps)}
+
+
+def test_format_kernels_columns_target_and_thread_speedup():
+    rows = [_kernel_row("numpy", 1, "float32", 1 << 20, 9.0, 10.0),
+            _kernel_row("numba", 1, "float32", 1 << 20, 5.0, 10.0),
+            _kernel_row("numba", 2, "float32", 1 << 20, 8.0, 16.0),
+            _kernel_row("numba", 1, "float32", 256 << 20, 4.0, 5.0),
+            _kernel_row("numba", 2, "float32", 256 << 20, 7.0, 6.0, 8.0)]
+    lines = format_kernels(rows).splitlines()
+    assert lines[2].split() == ["#", "backend", "threads", "dtype", "op", "size", "reduce(us)",
+                                "copy(us)", "reduce(GB/s)", "copy(GB/s)", "memcpy(GB/s)",
+                                "ratio", "met"]
+    body = [line.split() for line in lines[3:8]]
+    assert [r[0:2] + r[4:5] for r in body] == [["numpy", "1", "1M"], ["numba", "1", "1M"],
+                                               ["numba", "2", "1M"], ["numba", "1", "256M"],
+                                               ["numba", "2", "256M"]]
+    assert [r[-2:] for r in body] == [["0.90", "yes"], ["0.50", "NO"], ["0.50", "NO"],
+                                      ["0.80", "yes"], ["0.88", "yes"]]
+    assert lines[-1] == ("#   float32 256M: numba x2 threads reduces 1.75x, copies 1.20x "
+                         "the 1-thread rate")
+    assert "side by side" not in format_kernels(rows[:1])  # no 1-thread row to compare with
+
+
+def test_bench_kernels_dtypes_and_threads_side_by_side():
+    import numba
+    proc = mpirun(1, BENCH + ["--kernels", "--dtype", "float32,bfloat16", "--sizes", "64K,256K",
+                              "--threads", "1,2", "--iters", "1", "--warmup", "1",
+                              "--format", "json"], timeout=240)
+    rows = json.loads(proc.stdout)
+    two = min(2, numba.config.NUMBA_NUM_THREADS)  # the threads that really ran
+    keys = [(r["dtype"], r["nbytes"], r["backend"], r["threads"]) for r in rows]
+    assert keys == [(dt, n, b, t) for dt in ("float32", "bfloat16") for n in (1 << 16, 1 << 18)
+                    for b, t in (("numpy", 1), ("numba", 1), ("numba", two))]
+    for r in rows:
+        assert r["ratio"] == pytest.approx(r["reduce_gbps"] / max(r["copy_gbps"],
+                                                                   r["memcpy_gbps"]))
+        assert r["reduce_gbps"] == pytest.approx(3 * r["nbytes"] / r["reduce_s"] / 1e9)
+
+
+def test_bench_kernels_rejects_unknown_dtype():
+    proc = mpirun(1, BENCH + ["--kernels", "--dtype", "float32,float7", "--sizes", "64K"],
+                  timeout=120, check=False)
+    assert proc.returncode != 0 and "float7" in proc.stderr
+
+
+# ----------------------------------------------------------------- memory
+
+def test_rss_peak_resets():
+    import numpy as np
+    from mlcomm.benchmark import rss
+    if not rss.reset_peak():
+        pytest.skip("resetting the peak needs Linux's /proc/self/clear_refs")
+    before = rss.current_bytes()
+    x = np.ones(64 << 20, np.uint8)  # written, so resident
+    high = rss.peak_bytes()
+    assert high - before >= 60 << 20
+    del x
+    assert rss.peak_bytes() > high - (4 << 20)  # freed memory still counts until the reset
+    assert rss.reset_peak()
+    assert rss.peak_bytes() < high - (32 << 20)
+
+
+def test_memory_job_tells_scratch_apart():
+    """ring at P = 2 writes half a vector of scratch; the 1 MiB-chunk tree almost none."""
+    from conftest import ROOT
+    out = {}
+    for alg in ("ring", "double_binary_tree"):
+        proc = mpirun(2, [ROOT / "bench" / "memory.py", "--worker", "--algorithm", alg,
+                          "--bytes", "32M"], timeout=240)
+        out[alg] = json.loads(proc.stdout.strip().splitlines()[-1])
+    ring, tree = out["ring"], out["double_binary_tree"]
+    assert ring["correct"] and tree["correct"] and ring["ranks"] == 2
+    assert ring["schedule_scratch_vectors"] == 1.0 and tree["schedule_scratch_vectors"] < 0.2
+    assert ring["extra_vectors"] - tree["extra_vectors"] > 0.4
+    assert ring["retained_vectors"] > 0.4  # the plan cache keeps the scratch

@@ -1,6 +1,7 @@
 """Reduction kernels: every op x dtype against an exact reference, NumPy vs Numba bit for bit."""
 
 import math
+import os
 import zlib
 from fractions import Fraction
 
@@ -282,13 +283,18 @@ def test_select_backend_and_env(monkeypatch):
     large = np.zeros(K.NUMBA_MIN_BYTES // 4, np.float32)
     assert K.select_backend(small) == "numpy"
     assert K.select_backend(large) == "numba"
-    assert K.select_backend(np.zeros(K.NUMBA_MIN_BYTES, np.float16)) == "numpy"
-    assert K.select_backend(np.zeros(K.NUMBA_MIN_BYTES, BF16)) == "numpy"
+    for half in (np.float16, BF16):  # NumPy is slow on 2-byte floats: Numba pays much sooner
+        assert K.select_backend(np.zeros(K.NUMBA_MIN_BYTES_HALF // 2, half)) == "numba"
+        assert K.select_backend(np.zeros(K.NUMBA_MIN_BYTES_HALF // 2 - 1, half)) == "numpy"
+    assert K.NUMBA_MIN_BYTES_HALF < K.NUMBA_MIN_BYTES
+    assert K.select_backend(large, op="prod") == "numba"
+    assert K.select_backend(large.astype(np.complex64), op="prod") == "numpy"
     monkeypatch.setenv("MLCOMM_KERNEL", "numpy")
     assert K.select_backend(large) == "numpy"
     monkeypatch.setenv("MLCOMM_KERNEL", "numba")
     assert K.select_backend(small) == "numba"
-    assert K.select_backend(np.zeros(16, np.float16)) == "numpy"
+    assert K.select_backend(np.zeros(16, np.float16)) == "numba"
+    assert K.select_backend(small[::2], small[::2]) == "numpy"  # not contiguous
     x = small + 1
     K.reduce_into(x, small + 2, "sum")
     np.testing.assert_array_equal(x, 3)
@@ -319,6 +325,138 @@ def test_thread_count(monkeypatch, env, cpus, expect):
     monkeypatch.setattr(numba_backend, "_threads", None)
     assert numba_backend.num_threads() == expect
     monkeypatch.setattr(numba_backend, "_threads", None)
+
+
+# --- Numba: blocks, threads, float16/bfloat16 on their bits ---------------------------------
+
+HALVES = [np.dtype(np.float16), BF16]
+# zeros, subnormals, 1, the largest finite, inf, and NaNs of both signs, quiet and signalling,
+# in float16 (first row) and bfloat16 (second row) encodings
+_SPECIAL = np.array([0x0000, 0x8000, 0x0001, 0x83FF, 0x3C00, 0xBC00, 0x7BFF, 0xFBFF, 0x7C00,
+                     0xFC00, 0x7C05, 0x7E02, 0xFE03, 0xFC07,
+                     0x0080, 0x007F, 0x3F80, 0x7F7F, 0xFF7F, 0x7F80, 0xFF80, 0x7F85, 0x7FC2,
+                     0xFFC3, 0xFF87], np.uint16)
+
+
+@pytest.mark.parametrize("op", ["sum", "prod", "min", "max"])
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_numba_half_every_value_equals_numpy(dtype, op):
+    """All 65536 bit patterns against each edge value, both ways round, NaN payloads included."""
+    every = np.arange(1 << 16, dtype=np.uint16)
+    a = np.concatenate([np.tile(every, _SPECIAL.size), np.repeat(_SPECIAL, every.size)])
+    b = np.concatenate([np.repeat(_SPECIAL, every.size), np.tile(every, _SPECIAL.size)])
+    x, y = a.view(dtype).copy(), a.view(dtype).copy()
+    numpy_backend.reduce_into(x, b.view(dtype), op)
+    numba_backend.reduce_into(y, b.view(dtype), op)
+    assert_same_bits(y, x)
+
+
+def test_float16_bit_arithmetic_equals_numpy():
+    """The float16 path for machines without F16C converts exactly as NumPy does."""
+    numba = pytest.importorskip("numba")
+
+    @numba.njit
+    def widen(h, out):
+        for i in range(h.shape[0]):
+            out[i] = numba_backend._soft_f16_to_f32(h[i])
+
+    @numba.njit
+    def narrow(x, out):
+        for i in range(x.shape[0]):
+            out[i] = numba_backend._soft_f32_to_f16(x[i])
+
+    every = np.arange(1 << 16, dtype=np.uint16)
+    got = np.empty(every.size, np.float32)
+    widen(every, got)
+    want = every.view(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    assert_same_bits(got[~nan], want[~nan])
+    h = every[nan].astype(np.uint32)  # NaN: sign and payload kept, as npy_halfbits_to_floatbits
+    assert_same_bits(got[nan].view(np.uint32), (h & 0x8000) << 16 | 0x7F800000 | (h & 0x3FF) << 13)
+
+    # every float16 value, its float32 neighbours, the midpoints between float16 values, and
+    # random bit patterns (subnormal, overflowing and NaN floats among them)
+    base = want.view(np.uint32)[~nan].astype(np.int64)
+    bits = np.concatenate([base + d for d in (-1, 0, 1, 0xFFF, 0x1000, 0x1001)] +
+                          [np.random.default_rng(5).integers(0, 1 << 32, 1 << 20)])
+    x = (bits & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+    out = np.empty(x.size, np.uint16)
+    narrow(x, out)
+    with np.errstate(all="ignore"):
+        want16 = x.astype(np.float16)
+    quiet_or_number = ~np.isnan(x) | ((x.view(np.uint32) & 0x400000) != 0)
+    assert_same_bits(out[quiet_or_number], want16.view(np.uint16)[quiet_or_number])
+    assert np.isnan(out.view(np.float16)[~quiet_or_number]).all()
+
+
+@pytest.mark.parametrize("op", ["sum", "prod", "min", "max", "div"])
+def test_float16_ops_without_f16c_equal_numpy(monkeypatch, op):
+    """The kernels' float16 ops built on the bit arithmetic match NumPy, NaN bits included."""
+    numba = pytest.importorskip("numba")
+    nb = numba_backend
+    monkeypatch.setitem(nb._CODECS, "f16", (nb._soft_f16_to_f32, nb._soft_f32_to_f16, True))
+    fn = numba.njit(nb._impl(f"f16_{op}"))
+
+    @numba.njit
+    def loop(d, s):
+        for i in range(d.shape[0]):
+            d[i] = fn(0, d[i], s[i])
+
+    every = np.arange(1 << 16, dtype=np.uint16)
+    f16 = np.dtype(np.float16)
+    if op == "div":  # finalize: divide by the rank count in float32, round once
+        for n in (3, 7):
+            got = every.copy()
+            loop(got, np.full(every.size, n, np.float32))
+            want = every.view(f16).copy()
+            numpy_backend.finalize(want, "avg", n)
+            assert_same_bits(got.view(f16), want, nan_bits=False)
+        return
+    a = np.concatenate([np.tile(every, _SPECIAL.size), np.repeat(_SPECIAL, every.size)])
+    b = np.concatenate([np.repeat(_SPECIAL, every.size), np.tile(every, _SPECIAL.size)])
+    got, want = a.copy(), a.view(f16).copy()
+    loop(got, b)
+    numpy_backend.reduce_into(want, b.view(f16), op)
+    assert_same_bits(got.view(f16), want)
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.int8),
+                                   np.dtype(np.complex64)] + HALVES, ids=str)
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 63, 1000, 4097])
+def test_numba_blocks_cover_ragged_sizes_once(n, dtype):
+    """Blocks split any length, at any offset, touching each element once: NumPy's bits."""
+    a, b = (v[:n] for v in _data(dtype, max(n, 32), seed=n))
+    for offset in (0, 1):
+        y = np.empty(n + offset, dtype)[offset:]
+        y[...] = a
+        x = a.copy()
+        with numba_backend.threads(2):
+            numba_backend.reduce_into(y, b, "sum")
+        numpy_backend.reduce_into(x, b, "sum")
+        assert_same_bits(y, x)
+
+
+def test_numba_uses_every_core(monkeypatch):
+    numba = pytest.importorskip("numba")
+    cores = min(len(os.sched_getaffinity(0)), numba.config.NUMBA_NUM_THREADS)
+    if cores < 2:
+        pytest.skip("needs 2 cores")
+    for var in numba_backend._LOCAL_SIZE_VARS + ("MLCOMM_NUM_THREADS",):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(numba_backend, "_threads", None)
+    x = np.zeros(K.NUMBA_MIN_BYTES // 4, np.float32)
+    assert K.select_backend(x) == "numba"
+    K.reduce_into(x, np.ones_like(x), "sum")
+    if numba.threading_layer() == "tbb":
+        pytest.skip("TBB may let one thread run both blocks")
+    assert numba_backend.num_threads() == cores
+    assert numba_backend.threads_used() == cores
+    with numba_backend.threads(1):
+        K.reduce_into(x, np.ones_like(x), "sum")
+        assert numba_backend.threads_used() == 1
+    assert numba_backend.num_threads() == cores
+    np.testing.assert_array_equal(x, 2)
+    assert f"{cores} thread(s)" in K.backends()["numba"]["detail"]
 
 
 # --- check_op ------------------------------------------------------------------------------
@@ -432,8 +570,17 @@ def test_property_backends_agree_with_reference(case):
 def test_bandwidth_measure(backend):
     r = bandwidth.measure(1 << 16, "float32", "sum", backend=backend, repeat=2)
     assert r["backend"] == backend and r["nbytes"] == 1 << 16 and r["count"] == 1 << 14
+    assert r["threads"] == (1 if backend == "numpy" else numba_backend.num_threads())
     assert r["reduce_gbps"] > 0 and r["copy_gbps"] > 0
-    assert r["ratio"] == pytest.approx(r["reduce_gbps"] / r["copy_gbps"])
+    assert r["ratio"] == pytest.approx(r["reduce_gbps"] / max(r["copy_gbps"], r["memcpy_gbps"]))
+    assert r["memcpy_gbps"] == pytest.approx(2 * r["nbytes"] / r["memcpy_s"] / 1e9)
     assert r["reduce_gbps"] == pytest.approx(3 * r["nbytes"] / r["reduce_s"] / 1e9)
     with pytest.raises(TypeError):
         bandwidth.measure(1024, "complex64", "max")
+
+
+def test_bandwidth_threads_and_halves():
+    r = bandwidth.measure(1 << 16, "bfloat16", "sum", backend="numba", repeat=1, threads=1)
+    assert (r["backend"], r["threads"], r["dtype"], r["count"]) == ("numba", 1, "bfloat16", 1 << 15)
+    r = bandwidth.measure(1 << 16, "complex64", "prod", backend="numba", repeat=1)
+    assert r["backend"] == "numpy" and r["threads"] == 1  # no Numba kernel: NumPy timed

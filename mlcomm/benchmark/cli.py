@@ -17,7 +17,7 @@ examples:
   mpiexec -n 4 mlcomm bench --quick --plot bench.png
   mpiexec -n 2 mlcomm bench --algorithms ring,double_binary_tree --min-bytes 8 --max-bytes 64M --check
   mpiexec -n 3 mlcomm bench --dtype bfloat16 --op avg --both --format json --output r.json
-  mlcomm bench --kernels --min-bytes 1M --max-bytes 256M --factor 4
+  mlcomm bench --kernels --min-bytes 1M --max-bytes 256M --factor 4 --dtype float32,float16
 
 ratio = time / mpi time in the same run (< 1 beats MPI_Allreduce);
 busbw = algbw * 2(p-1)/p.  Exit status 1 if --check finds a wrong element.
@@ -49,7 +49,7 @@ def register(subparsers):
                    help="untimed calls before timing (default iters/10)")
     p.add_argument("-d", "--dtype", default="float32",
                    help="element type: float64, float32, float16, bfloat16, int32, ... "
-                        "(default float32)")
+                        "(default float32); with --kernels a list, e.g. float32,float16")
     p.add_argument("-o", "--op", default="sum",
                    choices=["sum", "prod", "min", "max", "avg", "band", "bor", "bxor",
                             "land", "lor"], help="reduction (default sum)")
@@ -74,6 +74,9 @@ def register(subparsers):
     p.add_argument("--kernels", action="store_true",
                    help="measure reduction-kernel bandwidth against a plain copy "
                         "(mlcomm.kernels.bandwidth) instead of the all-reduce sweep")
+    p.add_argument("--threads", default=None, metavar="N1,N2,...",
+                   help="with --kernels: Numba thread counts to time side by side "
+                        "(default: 1 and the kernels' own count)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="buffers on the host (NumPy) or on a GPU (CuPy)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -121,47 +124,59 @@ def _wait_quietly(comm):
         time.sleep(0.005)
 
 
-def _run_kernels(args, comm, dtype):
-    from .harness import parse_size, size_list
-    from .report import format_kernels
-    rank = comm.Get_rank()
-    rows = None
-    if rank == 0:
-        try:
-            from mlcomm.kernels import bandwidth
-        except ImportError as exc:
-            raise SystemExit(f"mlcomm bench --kernels needs mlcomm.kernels.bandwidth: {exc}")
-        lo = parse_size(args.min_bytes or "64K")
-        hi = parse_size(args.max_bytes or "64M")
-        sizes = size_list(lo, hi, args.factor or 4.0, dtype.itemsize)
+def _kernel_cases(args):
+    """Return the (nbytes, dtype, backend, threads) cases ``--kernels`` times, in order."""
+    from mlcomm.kernels import numba_backend
+    from .harness import parse_dtype, parse_size, size_list
+    dtypes = [parse_dtype(t.strip()) for t in args.dtype.split(",") if t.strip()]
+    if args.device != "cpu":
+        backends = [("cupy", None), ("cuda", None)]
+    else:
+        own = numba_backend.num_threads()
+        counts = ([int(t) for t in args.threads.split(",")] if args.threads
+                  else sorted({1, own}))
+        backends = [("numpy", None)] + [("numba", n) for n in counts]
+    cases = []
+    for dtype in dtypes:
         if args.sizes:
             sizes = _sizes(args, dtype.itemsize)
-        elif args.quick:
-            sizes = [s for s in sizes if s <= (16 << 20)][-3:] or sizes[:1]
-        backends = ("numpy", "numba") if args.device == "cpu" else ("cupy", "cuda")
-        kw = dict(dtype=dtype, op=args.op, device=args.device)
-        if args.iters is not None:
-            kw["repeat"] = args.iters
-        if args.warmup is not None:
-            kw["warmup"] = args.warmup
-        rows = []
-        from tqdm import tqdm
-        with tqdm(total=len(sizes) * len(backends), desc="kernels", leave=False,
-                  disable=args.no_progress) as bar:
-            for nbytes in sizes:
-                for backend in backends:
-                    try:
-                        rows.append(bandwidth.measure(nbytes, backend=backend, **kw))
-                    except (ImportError, TypeError, RuntimeError) as exc:
-                        if args.device == "cuda" and backend == backends[0]:
-                            raise SystemExit(f"mlcomm bench --kernels --device cuda: {exc}")
-                        print(f"# {backend}: skipped ({exc})", file=sys.stderr)
-                    bar.update(1)
-        rows = [dict(r) if not isinstance(r, dict) else r for r in rows]
-        _wait_quietly(comm)
-    else:
+        else:
+            sizes = size_list(parse_size(args.min_bytes or "64K"),
+                              parse_size(args.max_bytes or "64M"), args.factor or 4.0,
+                              dtype.itemsize)
+            if args.quick:
+                sizes = [s for s in sizes if s <= (16 << 20)][-3:] or sizes[:1]
+        cases += [(nbytes, dtype, backend, n) for nbytes in sizes for backend, n in backends]
+    return cases
+
+
+def _run_kernels(args, comm):
+    from .report import format_kernels
+    if comm.Get_rank() != 0:  # rank 0 measures alone; the others idle
         _wait_quietly(comm)
         return 0
+    from mlcomm.kernels import bandwidth
+    try:
+        cases = _kernel_cases(args)
+    except (TypeError, ValueError) as exc:
+        raise SystemExit(f"mlcomm bench --kernels: error: {exc}") from None
+    kw = dict(op=args.op, device=args.device)
+    if args.iters is not None:
+        kw["repeat"] = args.iters
+    if args.warmup is not None:
+        kw["warmup"] = args.warmup
+    rows = []
+    from tqdm import tqdm
+    for nbytes, dtype, backend, threads in tqdm(cases, desc="kernels", leave=False,
+                                                disable=args.no_progress):
+        try:
+            rows.append(bandwidth.measure(nbytes, dtype, backend=backend, threads=threads,
+                                          **kw))
+        except (ImportError, TypeError, RuntimeError) as exc:
+            if args.device == "cuda" and backend == "cupy":
+                raise SystemExit(f"mlcomm bench --kernels --device cuda: {exc}")
+            print(f"# {backend}: skipped ({exc})", file=sys.stderr)
+    _wait_quietly(comm)
     fmt = _format(args)
     text = (json.dumps(rows, indent=1, default=str) + "\n" if fmt == "json"
             else _kernels_csv(rows) if fmt == "csv" else format_kernels(rows))
@@ -192,12 +207,12 @@ def run(args) -> int:
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
+    if args.kernels:
+        return _run_kernels(args, comm)
     try:
         dtype = parse_dtype(args.dtype)
     except TypeError as exc:
         raise SystemExit(f"mlcomm bench: error: unknown --dtype {args.dtype!r}: {exc}") from None
-    if args.kernels:
-        return _run_kernels(args, comm, dtype)
     placements = {"in": (True,), "both": (False, True)}.get(args.placement, (False,))
     try:
         algorithms, sizes = resolve_algorithms(args.algorithms), _sizes(args, dtype.itemsize)

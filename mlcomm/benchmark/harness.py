@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import math
 import re
-import resource
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from . import rss as _rss
 
 __all__ = [
     "RECORD_KEYS", "EXTRA_KEYS", "BenchConfig",
@@ -92,8 +93,8 @@ def default_iters(nbytes: int, quick: bool = False) -> tuple[int, int]:
 
 
 def peak_rss_mib() -> float:
-    """Return this process's peak resident set size in MiB."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    """Return this process's peak resident set size in MiB since the last reset (see rss)."""
+    return _rss.peak_bytes() / 2 ** 20
 
 
 def resolve_algorithms(spec) -> list[str]:
@@ -377,6 +378,7 @@ def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
                         allreduce(_sb, _rb, op, comm=comm, algorithm=_alg)
 
                 # -- check: one untimed call on fresh data
+                _rss.reset_peak()  # this record's peak only, where the OS allows
                 wrong = None
                 if cfg.check:
                     if in_place:
