@@ -81,35 +81,51 @@ def ring_reduce_scatter(tl: Timeline, t: int, bounds, seg: int | None = None,
     """Reduce-scatter of ``input`` around the ring; rank r ends with block r.
 
     ``bounds`` are the p+1 block offsets into ``input``.  Block r's result is
-    written to ``output`` at ``dst_offset`` (default: the block's own offset).
-    Partial sums travel through two alternating scratch slots; the last step
-    reduces straight into ``output``. With ``seg`` each ring step is cut into
-    segments of at most ``seg`` elements.
+    written to ``output`` at ``dst_offset``.  With ``seg`` each ring step is
+    cut into segments of at most ``seg`` elements.
+
+    Without ``dst_offset`` (an all-reduce) partial sums build up in their own
+    blocks of ``output``, which the all-gather overwrites later, and only
+    the incoming segments land in scratch, in two alternating slots: scratch
+    is two segments, and a segment's reduction may overlap the next
+    transfer.  With ``dst_offset`` the partial sums travel through two
+    block-sized scratch slots and the last step reduces into ``output``.
     """
     me, p = tl.rank, tl.size
     right, left = (me + 1) % p, (me - 1) % p
     block = [Region(INPUT, bounds[i], bounds[i + 1] - bounds[i]) for i in range(p)]
     width = max(b.count for b in block)
-    dst = Region(OUTPUT, block[me].offset if dst_offset is None else dst_offset, block[me].count)
+    in_output = dst_offset is None
+    dst = Region(OUTPUT, block[me].offset if in_output else dst_offset, block[me].count)
     if p == 1:
         tl.copy(t, dst, block[0])
         return t + 1
-    slots = [Region(SCRATCH, 0, width), Region(SCRATCH, width, width)]
-    tl.need_scratch(2 * width)
     seg = seg or max(width, 1)
     nseg = max(1, -(-width // seg))
+    if in_output:
+        partial = [Region(OUTPUT, b.offset, b.count) for b in block]
+        span = min(seg, width)
+        tl.need_scratch(2 * span if nseg > 1 else width)
+    else:
+        slots = [Region(SCRATCH, 0, width), Region(SCRATCH, width, width)]
+        tl.need_scratch(2 * width)
+    n = 0  # segments so far: the landing slot alternates per segment
     for k in range(p - 1):
         send_i, recv_i = (me - k - 1) % p, (me - k - 2) % p
-        outgoing = block[send_i] if k == 0 else slots[(k - 1) % 2].sub(0, block[send_i].count)
-        incoming = slots[k % 2].sub(0, block[recv_i].count)
-        result = dst if k == p - 2 else incoming  # recv_i is me in the last step
-        for so, ri, own, res in zip(segments(outgoing, seg, nseg), segments(incoming, seg, nseg),
-                                    segments(block[recv_i], seg, nseg),
-                                    segments(result, seg, nseg)):
+        if in_output:
+            outgoing = block[send_i] if k == 0 else partial[send_i]
+            result = partial[recv_i]
+        else:
+            outgoing = block[send_i] if k == 0 else slots[(k - 1) % 2].sub(0, block[send_i].count)
+            result = dst if k == p - 2 else slots[k % 2].sub(0, block[recv_i].count)
+        for so, own, res in zip(segments(outgoing, seg, nseg), segments(block[recv_i], seg, nseg),
+                                segments(result, seg, nseg)):
+            ri = Region(SCRATCH, (n % 2) * span if nseg > 1 else 0, own.count) if in_output else \
+                slots[k % 2].sub(res.offset - result.offset, own.count)
             tl.send(t, right, so)
             tl.recv(t, left, ri)
             tl.reduce(t, res, own, left=ri)
-            t += 1
+            t, n = t + 1, n + 1
     return t
 
 
