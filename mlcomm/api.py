@@ -91,22 +91,25 @@ _VALIDATE = os.environ.get("MLCOMM_VALIDATE") == "1"
 class _Repeat:
     """A call seen before, bound to its buffers: a repeat skips validation and planning.
 
-    It holds its arguments, so their ids in the key cannot be reused by other objects; a
-    repeat checks only what can change in place (an array's shape and dtype) and that the
-    plan binding is still live.
+    It holds its arguments, so the ids in its key cannot be reused by other objects; a
+    repeat checks that the other arguments are the same, what can change in place (an
+    array's shape and dtype) and that the plan binding is still live.
     """
 
     __slots__ = ("args", "binding", "finish", "recv", "result", "run", "send")
 
     def __init__(self, args, run, binding, finish):
         self.args, self.run, self.binding, self.finish = args, run, binding, finish
-        self.send, self.recv = (_layout(a) for a in args[:2])
+        self.send, self.recv = (_layout(a) for a in args[1:3])
         self.result = None  # what the public call returns
 
-    def matches(self, sendbuf, recvbuf) -> bool:
-        return (self.send is None or (sendbuf.shape, sendbuf.dtype) == self.send) \
-            and (self.recv is None or (recvbuf.shape, recvbuf.dtype) == self.recv) \
-            and (self.binding is None or self.binding.live)
+    def matches(self, collective, sendbuf, recvbuf, op, comm, algorithm, root) -> bool:
+        mine, send, recv = self.args, self.send, self.recv
+        return (mine[0] == collective and mine[3] is op and mine[4] is comm
+                and mine[5] == algorithm and mine[6] == root
+                and (send is None or sendbuf.shape == send[0] and sendbuf.dtype is send[1])
+                and (recv is None or recvbuf.shape == recv[0] and recvbuf.dtype is recv[1])
+                and (self.binding is None or self.binding.live))
 
 
 def _layout(buf):
@@ -119,10 +122,10 @@ _REPEATS_MAX = 32
 
 def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
     """Run one collective call; return what the public function returns."""
-    key = (collective, id(sendbuf), id(recvbuf), id(op), id(comm), algorithm, root)
     if not options and validate is None and not _VALIDATE:
-        repeat = _REPEATS.get(key)
-        if repeat is not None and repeat.matches(sendbuf, recvbuf):
+        repeat = _REPEATS.get((id(sendbuf), id(recvbuf)))
+        if repeat is not None and repeat.matches(collective, sendbuf, recvbuf, op, comm,
+                                                 algorithm, root):
             repeat.run()
             if repeat.finish is not None:
                 repeat.finish()
@@ -143,7 +146,7 @@ def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, opti
         repeat.result = result
         if len(_REPEATS) >= _REPEATS_MAX:
             del _REPEATS[next(iter(_REPEATS))]
-        _REPEATS[key] = repeat
+        _REPEATS[(id(sendbuf), id(recvbuf))] = repeat
     return result
 
 
@@ -179,7 +182,7 @@ def _validating(validate):
 
 def _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
     """Run the call on host buffers; return the output array and a _Repeat if it may repeat."""
-    args = (sendbuf, recvbuf, op, comm)
+    args = (collective, sendbuf, recvbuf, op, comm, algorithm, root)
     comm = _comm(comm)
     p, rank = comm.Get_size(), comm.Get_rank()
     remember = not options and validate is None and not _VALIDATE and (

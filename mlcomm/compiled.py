@@ -6,14 +6,17 @@ encoded once as an int64 *program*, and each call runs it in machine code: MPI_S
 MPI_Waitall through the MPI library's C entry points on the plan's persistent requests, and
 the copies and reductions as loops.  Nothing is allocated per call.
 
-Program layout: ``[steps, request_bytes, status_bytes]`` then per step
+Program layout: a header ``[steps, request_bytes, requests, statuses, input, input_count,
+scratch, scratch_count, opcode]`` (addresses of the request handles, the status array and
+the input and scratch vectors, in kernel elements), then per step
 ``[requests, first_request, ops, early]`` and per op ``[kind, dst_buffer, dst_start, src_buffer,
 src_start, left_buffer, left_start, count]`` (buffers 0 input, 1 output, 2 scratch).  The
 kind is 0 for a copy and, for a reduce ``dst = left (op) src``, 1 when left is dst, 2 when
 src is dst, else 3: each has its own loop, so no loop reads and writes the same array
-(LLVM vectorises only loops whose arrays it can prove apart).  ``early`` steps start their transfers before
-the previous step's ops run, so those ops overlap the wire (the executor checked that
-they touch different memory).
+(LLVM vectorises only loops whose arrays it can prove apart).  ``early`` steps start their
+transfers before the previous step's ops run, so those ops overlap the wire (the executor
+checked that they touch different memory).  The only other argument is the output vector,
+so a call costs one short Numba dispatch; the caller keeps every addressed buffer alive.
 
 Reductions follow :mod:`mlcomm.kernels.numba_backend` element for element (integers on
 their unsigned view, NumPy's NaN rules for min/max), so results are bit-identical to the
@@ -32,12 +35,12 @@ __all__ = ["available", "supports", "OPCODES", "encode", "execute"]
 OPCODES = {"sum": 0, "avg": 0, "prod": 1, "min": 2, "max": 3,
            "band": 4, "bor": 5, "bxor": 6, "land": 7, "lor": 8}
 _BUFFERS = {"input": 0, "output": 1, "scratch": 2}
-_HEADER, _STEP, _OP = 3, 4, 8
+_HEADER, _STEP, _OP = 9, 4, 8
 
 try:
     import llvmlite.binding as _llvm
     from llvmlite import ir
-    from numba import njit, types
+    from numba import carray, njit, types
     from numba.core import cgutils
     from numba.extending import intrinsic, overload
 except ImportError:  # pragma: no cover - numba is a hard dependency
@@ -68,14 +71,14 @@ def supports(dtype: np.dtype, op: str) -> bool:
     return dtype in _DTYPES and op in OPCODES and (dtype.kind != "c" or op in ("sum", "avg"))
 
 
-def encode(steps: list, early: list, same, request_bytes: int, status_bytes: int,
-           scale: int = 1) -> np.ndarray:
+def encode(steps: list, early: list, same, header: list, scale: int = 1) -> np.ndarray:
     """Encode a compiled plan's steps (``Plan.steps``) as a program.
 
     ``early[k]``: step k may start during step k-1's ops; ``same(r1, r2)``: two regions are
-    the same memory; ``scale`` kernel elements make one plan element (2 for complex).
+    the same memory; ``header``: the header after its step count; ``scale`` kernel elements
+    make one plan element (2 for complex).
     """
-    words = [len(steps), request_bytes, status_bytes]
+    words = [len(steps), *header]
     first = 0
     for (sends, recvs, ops), start_early in zip(steps, early):
         n = len(sends) + len(recvs)
@@ -179,14 +182,26 @@ if njit is not None:
                 _lor(kind, d, a, s)
         return int_combine
 
+    @intrinsic
+    def _pointer_like(typingctx, address, array):
+        """``address`` as a pointer to ``array``'s element type."""
+        pointer = types.CPointer(array.dtype)
+
+        def codegen(context, builder, sig, args):
+            return builder.inttoptr(args[0], context.get_value_type(pointer))
+        return pointer(types.intp, array), codegen
+
     @njit
     def _pick(buf, inp, out, scratch):
         return inp if buf == 0 else (out if buf == 1 else scratch)
 
     @njit(cache=True, nogil=True)
-    def execute(program, requests, statuses, inp, out, scratch, opcode):
-        """Run ``program``; return 0 or the first MPI error code."""
-        request_bytes, base = program[1], requests.ctypes.data
+    def execute(program, out):
+        """Run ``program`` with output vector ``out``; return 0 or the first MPI error code."""
+        request_bytes, base, statuses = program[1], program[2], program[3]
+        inp = carray(_pointer_like(program[4], out), program[5])
+        scratch = carray(_pointer_like(program[6], out), program[7])
+        opcode = program[8]
         pc, started = _HEADER, False
         for step in range(program[0]):
             nreq, first, nops = program[pc], program[pc + 1], program[pc + 2]
@@ -194,7 +209,7 @@ if njit is not None:
             if nreq:
                 err = 0 if started else _startall(nreq, base + first * request_bytes)
                 if err == 0:
-                    err = _waitall(nreq, base + first * request_bytes, statuses.ctypes.data)
+                    err = _waitall(nreq, base + first * request_bytes, statuses)
                 if err != 0:
                     return err
             nxt = pc + nops * _OP  # the next step's header

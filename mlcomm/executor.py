@@ -126,7 +126,7 @@ class _Binding:
         self.scratch = scratch
         self.program = self._compiled(plan, op)
         if self.program is not None:
-            self._execute, self._args = self.program[0], self.program[1:]
+            self._execute, self._args = self.program[0], self.program[1:3]
             self.run = self._run_compiled
 
     @staticmethod
@@ -207,11 +207,15 @@ def _compile(plan, inp, out, scratch, op, requests):
         handles[i * request_bytes:(i + 1) * request_bytes] = np.frombuffer(
             ctypes.string_at(MPI._addressof(req), request_bytes), np.uint8)
     statuses = np.empty(max(len(requests), 1) * status_bytes, np.uint8)
+    vectors = [a.view(kdt) for a in (inp, out, scratch)]
+    address = lambda a: a.__array_interface__["data"][0]
+    header = [request_bytes, address(handles), address(statuses), address(vectors[0]),
+              vectors[0].size, address(vectors[2]), vectors[2].size, compiled.OPCODES[op]]
     program = compiled.encode(plan.steps, _early_starts(plan, where),
-                              lambda r1, r2: where(r1) == where(r2), request_bytes,
-                              status_bytes, out.dtype.itemsize // kdt.itemsize)
-    return (compiled.execute, program, handles, statuses, inp.view(kdt), out.view(kdt),
-            scratch.view(kdt), compiled.OPCODES[op])
+                              lambda r1, r2: where(r1) == where(r2), header,
+                              out.dtype.itemsize // kdt.itemsize)
+    # the program holds addresses: the binding keeps these arrays alive with it
+    return compiled.execute, program, vectors[1], handles, statuses, vectors
 
 
 def _memory(inp, out, scratch):
