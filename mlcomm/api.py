@@ -96,17 +96,17 @@ class _Repeat:
     array's shape and dtype) and that the plan binding is still live.
     """
 
-    __slots__ = ("args", "binding", "finish", "recv", "result", "run", "send")
+    __slots__ = ("args", "binding", "call", "finish", "recv", "result", "run", "send")
 
     def __init__(self, args, run, binding, finish):
         self.args, self.run, self.binding, self.finish = args, run, binding, finish
+        self.call = (args[0], *args[3:])  # collective, op, comm, algorithm, root
         self.send, self.recv = (_layout(a) for a in args[1:3])
         self.result = None  # what the public call returns
 
-    def matches(self, collective, sendbuf, recvbuf, op, comm, algorithm, root) -> bool:
-        mine, send, recv = self.args, self.send, self.recv
-        return (mine[0] == collective and mine[3] is op and mine[4] is comm
-                and mine[5] == algorithm and mine[6] == root
+    def matches(self, call, sendbuf, recvbuf) -> bool:
+        send, recv = self.send, self.recv
+        return (call == self.call
                 and (send is None or sendbuf.shape == send[0] and sendbuf.dtype is send[1])
                 and (recv is None or recvbuf.shape == recv[0] and recvbuf.dtype is recv[1])
                 and (self.binding is None or self.binding.live))
@@ -124,8 +124,8 @@ def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, opti
     """Run one collective call; return what the public function returns."""
     if not options and validate is None and not _VALIDATE:
         repeat = _REPEATS.get((id(sendbuf), id(recvbuf)))
-        if repeat is not None and repeat.matches(collective, sendbuf, recvbuf, op, comm,
-                                                 algorithm, root):
+        if repeat is not None and repeat.matches((collective, op, comm, algorithm, root),
+                                                 sendbuf, recvbuf):
             repeat.run()
             if repeat.finish is not None:
                 repeat.finish()
