@@ -13,7 +13,8 @@ import numpy as np
 from . import device, gpu, kernels, staging
 from .algorithms import AUTO, COLLECTIVES, MPI_NATIVE
 from .device import DeviceVector
-from .executor import MPI, bind_plan, finalize, is_in_place, native_call, op_name, private_comm
+from .executor import (MPI, bind_plan, finalize, is_in_place, native_call, native_dtype_ok,
+                       op_name, private_comm)
 from .select import auto_choice, requested
 
 __all__ = ["allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "IN_PLACE"]
@@ -291,6 +292,9 @@ def _prepare(collective, sendbuf, recvbuf, op, p, rank, algorithm, root, options
         count = want if collective == "reduce_scatter" else inp.size
     if collective not in ("allgather", "bcast"):
         kernels.check_op(out.dtype, opname)
+    if name == MPI_NATIVE and not native_dtype_ok(out.dtype):
+        raise TypeError(f"algorithm='mpi' calls the MPI library, which has no {out.dtype} "
+                        f"datatype; use one of mlcomm's algorithms (e.g. 'ring') or 'auto'")
     if options:
         _check_options(collective, name, options)
         key = (collective, name, p, out.dtype.itemsize, tuple(sorted(options.items())))

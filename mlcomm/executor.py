@@ -11,9 +11,11 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
+from functools import lru_cache
 
 import numpy as np
 from mpi4py import MPI
+from mpi4py.util.dtlib import from_numpy_dtype
 
 from . import kernels
 from .device import DeviceVector
@@ -21,7 +23,8 @@ from .kernels import kernel_for
 from .kernels.numpy_backend import bare_kernel3
 from .plan import PlanCache
 
-__all__ = ["IN_PLACE", "private_comm", "plan_cache", "bind_plan", "native_call", "finalize",
+__all__ = ["IN_PLACE", "private_comm", "plan_cache", "bind_plan", "native_call",
+           "native_dtype_ok", "finalize",
            "mpi_op", "op_name", "is_in_place", "OP_NAMES"]
 
 IN_PLACE = MPI.IN_PLACE
@@ -339,6 +342,16 @@ def finalize(out, op, nranks):
         out.synchronize()
     else:
         kernels.finalize(out, op, nranks)
+
+
+@lru_cache(maxsize=None)
+def native_dtype_ok(dtype) -> bool:
+    """True when the MPI library has a datatype for ``dtype`` (bfloat16 has none)."""
+    try:
+        from_numpy_dtype(dtype)
+    except (ValueError, KeyError, TypeError):
+        return False
+    return True
 
 
 def native_call(collective, comm, inp, out, op, root=0):

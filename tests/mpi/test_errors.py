@@ -49,6 +49,13 @@ def test_op_that_makes_no_sense():
         mlcomm.allreduce(np.ones(4, np.complex64), op="max")
 
 
+def test_mpi_algorithm_with_a_dtype_mpi_lacks():
+    bf16 = np.ones(4, mlcomm.kernels.BFLOAT16)
+    with pytest.raises(TypeError, match="no bfloat16 datatype.*'ring'"):
+        mlcomm.allreduce(bf16, algorithm="mpi")
+    agree(mlcomm.allreduce(bf16, algorithm="ring")[0] == P)
+
+
 def test_non_intra_communicator():
     with pytest.raises(TypeError, match="intracommunicator"):
         mlcomm.allreduce(np.ones(4), comm=object())
