@@ -216,27 +216,33 @@ def _chunks(region: Region, chunk: int) -> list[Region]:
 
 
 def tree_reduce(tl: Timeline, t0: int, tree: Tree, acc: Region, chunk: int,
-                scratch_at: int) -> int:
+                scratch_at: int, source: Region | None = None) -> int:
     """Pipelined reduce of ``acc`` up ``tree``; the root's ``acc`` ends with the result.
 
     Chunk c leaves a rank of height h at slot ``t0 + c + h``, so every pair of
     ranks posts its matching transfers in the same slot.  Each child's
-    partial lands in its own scratch slot at ``scratch_at``.  Returns the slot
-    at which the root may start broadcasting chunk 0.
+    partial lands in its own scratch slot at ``scratch_at``.  With ``source``
+    (this rank's contribution, when ``acc`` does not hold it yet) the first
+    reduction reads it where it lies, and a leaf sends it as it is.  Returns
+    the slot at which the root may start broadcasting chunk 0.
     """
     me = tl.rank
     pieces = _chunks(acc, chunk)
+    own = pieces if source is None else _chunks(source, chunk)
     width = max(c.count for c in pieces)
     kids = tree.children[me]
     tl.need_scratch(scratch_at + len(kids) * width)
-    for c, piece in enumerate(pieces):
+    first = min(kids, key=tree.height.__getitem__, default=None)  # the first to arrive
+    for c, (piece, mine) in enumerate(zip(pieces, own)):
         for i, kid in enumerate(kids):
             t = t0 + c + tree.height[kid]
             landing = Region(SCRATCH, scratch_at + i * width, piece.count)
             tl.recv(t, kid, landing)
-            tl.reduce(t, piece, landing)
+            tl.reduce(t, piece, landing, left=mine if kid == first else None)
         if tree.parent[me] is not None:
-            tl.send(t0 + c + tree.height[me], tree.parent[me], piece)
+            tl.send(t0 + c + tree.height[me], tree.parent[me], piece if kids else mine)
+        elif not kids:  # a lone root: the result is its own contribution
+            tl.copy(t0 + c, piece, mine)
     return t0 + tree.height[tree.root]
 
 

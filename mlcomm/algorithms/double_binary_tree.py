@@ -18,13 +18,13 @@ def build(rank, size, count, itemsize, chunk_bytes=DEFAULT_CHUNK_BYTES):
     """
     chunk = elements(chunk_bytes, itemsize)
     tl = Timeline(rank, size)
-    tl.copy(0, Region(OUTPUT, 0, count), Region(INPUT, 0, count))
     half = count // 2
     halves = [Region(OUTPUT, 0, half), Region(OUTPUT, half, count - half)]
     width = min(chunk, count - half) if count else 0
     for flavour, part in enumerate(halves):
         tree = binary_tree(size, flavour)
-        t = tree_reduce(tl, 1, tree, part, chunk, scratch_at=2 * width * flavour)
+        t = tree_reduce(tl, 1, tree, part, chunk, scratch_at=2 * width * flavour,
+                        source=Region(INPUT, part.offset, part.count))
         tree_bcast(tl, t, tree, part, chunk)
     return tl.schedule(count, count)
 
