@@ -21,11 +21,13 @@ def build(rank, size, count, itemsize, chunk_bytes=DEFAULT_CHUNK_BYTES):
     half = count // 2
     halves = [Region(OUTPUT, 0, half), Region(OUTPUT, half, count - half)]
     width = min(chunk, count - half) if count else 0
+    landing = 0  # each tree's landing slots follow the previous tree's, one per child
     for flavour, part in enumerate(halves):
         tree = binary_tree(size, flavour)
-        t = tree_reduce(tl, 1, tree, part, chunk, scratch_at=2 * width * flavour,
+        t = tree_reduce(tl, 1, tree, part, chunk, scratch_at=landing,
                         source=Region(INPUT, part.offset, part.count))
         tree_bcast(tl, t, tree, part, chunk)
+        landing += len(tree.children[rank]) * width
     return tl.schedule(count, count)
 
 
