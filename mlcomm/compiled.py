@@ -144,32 +144,29 @@ if njit is not None:
     _land = _loops(njit(lambda x, y: 1 if (x != 0 and y != 0) else 0))
     _lor = _loops(njit(lambda x, y: 1 if (x != 0 or y != 0) else 0))
 
+    @njit
+    def _arithmetic(opcode, kind, d, a, s):
+        """Ops 0-3 (sum, prod, min, max), which every dtype here has."""
+        if opcode == 0:
+            _sum(kind, d, a, s)
+        elif opcode == 1:
+            _prod(kind, d, a, s)
+        elif opcode == 2:
+            _min(kind, d, a, s)
+        else:
+            _max(kind, d, a, s)
+
     def _combine(opcode, kind, d, a, s):
-        """Reduce with op ``opcode`` (see OPCODES); typed per element kind below."""
+        """Reduce with op ``opcode`` (see OPCODES); the bitwise ops exist for integers only."""
 
     @overload(_combine)
     def _combine_impl(opcode, kind, d, a, s):
         if isinstance(d.dtype, types.Float):
-            def float_combine(opcode, kind, d, a, s):
-                if opcode == 0:
-                    _sum(kind, d, a, s)
-                elif opcode == 1:
-                    _prod(kind, d, a, s)
-                elif opcode == 2:
-                    _min(kind, d, a, s)
-                else:
-                    _max(kind, d, a, s)
-            return float_combine
+            return lambda opcode, kind, d, a, s: _arithmetic(opcode, kind, d, a, s)
 
         def int_combine(opcode, kind, d, a, s):
-            if opcode == 0:
-                _sum(kind, d, a, s)
-            elif opcode == 1:
-                _prod(kind, d, a, s)
-            elif opcode == 2:
-                _min(kind, d, a, s)
-            elif opcode == 3:
-                _max(kind, d, a, s)
+            if opcode < 4:
+                _arithmetic(opcode, kind, d, a, s)
             elif opcode == 4:
                 _band(kind, d, a, s)
             elif opcode == 5:
