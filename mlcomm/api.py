@@ -97,12 +97,13 @@ class _Repeat:
     array's shape and dtype) and that the plan binding is still live.
     """
 
-    __slots__ = ("args", "binding", "call", "finish", "recv", "result", "run", "send")
+    __slots__ = ("binding", "buffers", "call", "finish", "recv", "result", "run", "send")
 
     def __init__(self, args, run, binding, finish):
-        self.args, self.run, self.binding, self.finish = args, run, binding, finish
+        self.run, self.binding, self.finish = run, binding, finish
+        self.buffers = args[1:3]  # held, so that their ids in the key stay theirs
         self.call = (args[0], *args[3:])  # collective, op, comm, algorithm, root
-        self.send, self.recv = (_layout(a) for a in args[1:3])
+        self.send, self.recv = (_layout(a) for a in self.buffers)
         self.result = None  # what the public call returns
 
     def matches(self, call, sendbuf, recvbuf) -> bool:
