@@ -14,7 +14,7 @@ from . import device, gpu, kernels, staging
 from .algorithms import AUTO, COLLECTIVES, MPI_NATIVE
 from .device import DeviceVector
 from .executor import (MPI, bind_plan, finalize, is_in_place, native_call, native_dtype_ok,
-                       op_name, private_comm)
+                       op_name, private_comm, raise_error)
 from .select import auto_choice, requested
 
 __all__ = ["allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "IN_PLACE"]
@@ -92,43 +92,61 @@ _VALIDATE = os.environ.get("MLCOMM_VALIDATE") == "1"
 class _Repeat:
     """A call seen before, bound to its buffers: a repeat skips validation and planning.
 
-    It holds its arguments, so the ids in its key cannot be reused by other objects; a
-    repeat checks that the other arguments are the same, what can change in place (an
-    array's shape and dtype) and that the plan binding is still live.
+    A repeat is the same objects again (``is``, as NCCL's and Horovod's caches key on
+    buffers): the collective, both buffers, op, comm, algorithm and root.  What can change
+    in place is checked too: an array's dtype and size (``resize`` moves its data; a new
+    shape of the same size does not) and whether the plan binding is still live.  Holding
+    the buffers keeps their ids, the cache key, theirs.
     """
 
-    __slots__ = ("binding", "buffers", "call", "finish", "recv", "result", "run", "send")
+    __slots__ = ("algorithm", "binding", "collective", "comm", "finish", "op", "recv",
+                 "recvbuf", "result", "root", "run", "send", "sendbuf")
 
     def __init__(self, args, run, binding, finish):
-        self.run, self.binding, self.finish = run, binding, finish
-        self.buffers = args[1:3]  # held, so that their ids in the key stay theirs
-        self.call = (args[0], *args[3:])  # collective, op, comm, algorithm, root
-        self.send, self.recv = (_layout(a) for a in self.buffers)
+        (self.collective, self.sendbuf, self.recvbuf, self.op, self.comm, self.algorithm,
+         self.root) = args
+        self.run = run  # returns None or an MPI error code
+        self.binding, self.finish = binding, finish
+        self.send, self.recv = _layout(self.sendbuf), _layout(self.recvbuf)
         self.result = None  # what the public call returns
 
-    def matches(self, call, sendbuf, recvbuf) -> bool:
-        send, recv = self.send, self.recv
-        return (call == self.call
-                and (send is None or sendbuf.shape == send[0] and sendbuf.dtype is send[1])
-                and (recv is None or recvbuf.shape == recv[0] and recvbuf.dtype is recv[1])
+    def matches(self, collective, sendbuf, recvbuf, op, comm, algorithm, root) -> bool:
+        return (recvbuf is self.recvbuf and sendbuf is self.sendbuf and op is self.op
+                and comm is self.comm and algorithm is self.algorithm
+                and collective is self.collective and root == self.root
+                and (self.send is None or sendbuf.dtype is self.send[0]
+                     and sendbuf.size == self.send[1])
+                and (self.recv is None or recvbuf.dtype is self.recv[0]
+                     and recvbuf.size == self.recv[1])
                 and (self.binding is None or self.binding.live))
 
 
 def _layout(buf):
-    return (buf.shape, buf.dtype) if type(buf) is np.ndarray else None
+    return (buf.dtype, buf.size) if type(buf) is np.ndarray else None
 
 
 _REPEATS: dict = {}
 _REPEATS_MAX = 32
 
 
+def _repeat_key(sendbuf, recvbuf):
+    """The output buffer's id (bcast has only ``sendbuf``): one int hashes fastest.
+
+    Calls into one output from several inputs take turns in its slot, as their plans take
+    turns in the plan's binding.
+    """
+    return id(sendbuf if recvbuf is None else recvbuf)
+
+
 def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
     """Run one collective call; return what the public function returns."""
-    if not options and validate is None and not _VALIDATE:
-        repeat = _REPEATS.get((id(sendbuf), id(recvbuf)))
-        if repeat is not None and repeat.matches((collective, op, comm, algorithm, root),
-                                                 sendbuf, recvbuf):
-            repeat.run()
+    if validate is None and not options and not _VALIDATE:
+        repeat = _REPEATS.get(id(sendbuf if recvbuf is None else recvbuf))  # _repeat_key
+        if repeat is not None and repeat.matches(collective, sendbuf, recvbuf, op, comm,
+                                                 algorithm, root):
+            err = repeat.run()
+            if err:
+                raise_error(err)
             if repeat.finish is not None:
                 repeat.finish()
             return repeat.result
@@ -148,7 +166,7 @@ def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, opti
         repeat.result = result
         if len(_REPEATS) >= _REPEATS_MAX:
             del _REPEATS[next(iter(_REPEATS))]
-        _REPEATS[(id(sendbuf), id(recvbuf))] = repeat
+        _REPEATS[_repeat_key(sendbuf, recvbuf)] = repeat
     return result
 
 
@@ -213,11 +231,11 @@ def _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
             options = dict(options, root=root)
         plan = pcomm.plans.get(collective, name, rank, p, count, out.dtype, opname, options)
         binding = bind_plan(pcomm.comm, plan, inp, out, opname)
-        run = binding.run
+        run = binding.launch
     finish = None
     if opname == "avg" and (collective != "reduce" or rank == root):
         finish = partial(finalize, out, opname, p)
-    run()
+    raise_error(run())
     if finish is not None:
         finish()
     # a result allocated for this call (recvbuf=None) must be a new array next time

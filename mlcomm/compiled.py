@@ -29,7 +29,7 @@ import numpy as np
 
 from .libmpi import library_path
 
-__all__ = ["available", "supports", "OPCODES", "encode", "execute"]
+__all__ = ["available", "supports", "OPCODES", "encode", "execute", "launcher"]
 
 #: op name -> the program's op code (avg reduces as sum; the caller divides afterwards)
 OPCODES = {"sum": 0, "avg": 0, "prod": 1, "min": 2, "max": 3,
@@ -228,3 +228,15 @@ if njit is not None:
                     _combine(opcode, kind, d, a, s)
                 pc += _OP
         return 0
+
+
+def launcher(program: np.ndarray, out: np.ndarray):
+    """A no-argument callable running ``program`` on ``out``; it returns 0 or an MPI error code.
+
+    It calls the compiled entry point for these two arrays' types directly, so a call skips
+    Numba's per-call type dispatch (a third of the cost of an 8-byte all-reduce's Python side).
+    """
+    from functools import partial
+    from numba import typeof
+    return partial(execute.compile((typeof(program), typeof(out))), program, out)
+

@@ -23,7 +23,7 @@ from .kernels import kernel_for
 from .kernels.numpy_backend import bare_kernel3
 from .plan import PlanCache
 
-__all__ = ["IN_PLACE", "private_comm", "plan_cache", "bind_plan", "native_call",
+__all__ = ["IN_PLACE", "private_comm", "plan_cache", "bind_plan", "raise_error", "native_call",
            "native_dtype_ok", "finalize",
            "mpi_op", "op_name", "is_in_place", "OP_NAMES"]
 
@@ -127,9 +127,12 @@ class _Binding:
             self.steps.append((reqs, calls))
             self.requests += reqs
         self.scratch = scratch
+        #: a no-argument call running the plan; it returns None or an MPI error code
+        self.launch = self.run
         self.program = self._compiled(plan, op)
         if self.program is not None:
-            self._execute, self._args = self.program[0], self.program[1:3]
+            from .compiled import launcher
+            self.launch = launcher(*self.program[:2])
             self.run = self._run_compiled
 
     @staticmethod
@@ -167,9 +170,7 @@ class _Binding:
                     fn(*args)
 
     def _run_compiled(self):
-        err = self._execute(*self._args)
-        if err:
-            raise MPI.Exception(err)
+        raise_error(self.launch())
 
     def free(self):
         if not MPI.Is_finalized():
@@ -218,7 +219,7 @@ def _compile(plan, inp, out, scratch, op, requests):
                               lambda r1, r2: where(r1) == where(r2), header,
                               out.dtype.itemsize // kdt.itemsize)
     # the program holds addresses: the binding keeps these arrays alive with it
-    return compiled.execute, program, vectors[1], handles, statuses, vectors
+    return program, vectors[1], handles, statuses, vectors
 
 
 def _memory(inp, out, scratch):
@@ -316,6 +317,12 @@ def _buffer_key(inp, out):
         return (inp.ptr, out.ptr, inp.size, out.size, inp.dtype.str, out.stream)
     return (inp.__array_interface__["data"][0], out.__array_interface__["data"][0],
             inp.size, out.size, inp.dtype.str)
+
+
+def raise_error(code):
+    """Raise the MPI error ``code`` that a binding's ``launch`` returned (0 or None: no error)."""
+    if code:
+        raise MPI.Exception(code)
 
 
 def bind_plan(comm, plan, inp, out, op: str) -> _Binding:
