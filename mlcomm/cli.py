@@ -17,6 +17,7 @@ __all__ = ["main", "abort_on_error"]
 COMMAND_MODULES = (
     "mlcomm.commands",
     "mlcomm.benchmark.cli",
+    "mlcomm.benchmark.tune",
     "mlcomm.analysis.cli",
     "mlcomm.trainer.cli",
 )

@@ -12,11 +12,17 @@ Without a profile the built-in defaults below apply.  The JSON holds::
 
 ``gamma`` is the time to reduce one byte of the destination (``dst = dst op
 src``); ``gammas`` refines it per kernel backend, dtype and op.
+
+``mlcomm tune`` adds measured choices, which ``auto`` takes over the model's
+where they exist (as MPICH's tuning JSON and Open MPI's dynamic rules do)::
+
+    "tuned": {"<P>": [[bytes, "algorithm"], ...]}
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,8 +56,18 @@ class Profile:
     gammas: dict = field(default_factory=dict)
     step_overhead: float = DEFAULT_STEP_OVERHEAD
     op_overhead: float = DEFAULT_OP_OVERHEAD
+    tuned: dict = field(default_factory=dict)
     source: str = "built-in defaults"
     meta: dict = field(default_factory=dict)
+
+    def tuned_choice(self, p: int, nbytes: int):
+        """The measured fastest algorithm for ``p`` ranks at the tuned size nearest ``nbytes``
+        (on a log scale), or None when ``p`` was not tuned."""
+        table = self.tuned.get(str(p))
+        if not table:
+            return None
+        size = lambda n: math.log2(max(n, 1))
+        return min(table, key=lambda row: abs(size(row[0]) - size(nbytes)))[1]
 
     def gamma_for(self, dtype=None, op=None, backend=None) -> float:
         """Return gamma for one kernel; fall back to the fastest matching one, then ``gamma``."""
@@ -72,7 +88,8 @@ class Profile:
     def to_json(self) -> dict:
         data = {"version": _VERSION, "alpha": self.alpha, "beta": self.beta,
                 "gamma": self.gamma, "gammas": self.gammas,
-                "step_overhead": self.step_overhead, "op_overhead": self.op_overhead}
+                "step_overhead": self.step_overhead, "op_overhead": self.op_overhead,
+                "tuned": self.tuned}
         data.update(self.meta)
         return data
 
@@ -114,7 +131,7 @@ def load_profile(path=None) -> Profile:
             data = json.load(fh)
         meta = {k: v for k, v in data.items()
                 if k not in ("alpha", "beta", "gamma", "gammas", "version", "step_overhead",
-                             "op_overhead")}
+                             "op_overhead", "tuned")}
         _cache.clear()
         _cache[key] = Profile(alpha=float(data.get("alpha", DEFAULT_ALPHA)),
                               beta=float(data.get("beta", DEFAULT_BETA)),
@@ -123,7 +140,7 @@ def load_profile(path=None) -> Profile:
                               step_overhead=float(data.get("step_overhead",
                                                            DEFAULT_STEP_OVERHEAD)),
                               op_overhead=float(data.get("op_overhead", DEFAULT_OP_OVERHEAD)),
-                              source=str(path), meta=meta)
+                              tuned=data.get("tuned", {}) or {}, source=str(path), meta=meta)
     return _cache[key]
 
 

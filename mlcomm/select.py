@@ -1,6 +1,8 @@
 """Which algorithm runs: explicit argument, then ``MLCOMM_ALGORITHM``, then ``auto``.
 
-``auto`` predicts every candidate with the cost model and takes the fastest.
+``auto`` takes the measured choice of ``mlcomm tune`` where the profile has one for
+this number of ranks; otherwise it predicts every candidate with the cost model and
+takes the fastest.
 """
 
 from __future__ import annotations
@@ -80,11 +82,17 @@ def predict(p: int, nbytes: int, *, profile=None, dtype=None, op=None,
 
 def explain(p: int, nbytes: int, *, profile=None, dtype=None, op=None, candidates=None,
             itemsize: int = 4):
-    """Return ``(choice, {name: predicted seconds}, profile)`` for an all-reduce of ``nbytes`` on ``p`` ranks."""
+    """Return ``(choice, {name: predicted seconds}, profile)`` for an all-reduce of ``nbytes`` on ``p`` ranks.
+
+    A tuned choice (``mlcomm tune``) for ``p`` wins over the predictions.
+    """
     if profile is None:
         profile = load_profile()
     times = predict(p, nbytes, profile=profile, dtype=dtype, op=op, candidates=candidates,
                     itemsize=itemsize)
+    tuned = profile.tuned_choice(p, nbytes)
+    if tuned in times:
+        return tuned, times, profile
     # exact ties (p = 2, where several schedules coincide) go to the earlier name in _PREFER
     rank = {name: i for i, name in enumerate(_PREFER)}
     best = min(times.values())
@@ -95,17 +103,19 @@ def explain(p: int, nbytes: int, *, profile=None, dtype=None, op=None, candidate
 
 def auto_choice(collective: str, p: int, nbytes: int, *, dtype=None, op=None,
                 itemsize: int = 4) -> str:
-    """The candidate with the least predicted time, as NCCL's tuner picks.
+    """The measured choice of ``mlcomm tune``, else the least predicted time, as NCCL's tuner picks.
 
     Each all-reduce algorithm's closed-form cost, plus the executor's
     per-step and per-op overhead and its local copies, is evaluated with the
-    calibrated profile (``mlcomm calibrate``; built-in defaults without one).  ``MLCOMM_DEBUG=1`` logs every candidate's prediction.
+    calibrated profile (``mlcomm calibrate``; built-in defaults without one).
+    ``MLCOMM_DEBUG=1`` logs the choice and every candidate's prediction.
     """
     if collective != "allreduce":
         return next(name for name, a in COLLECTIVES[collective].items() if a.build is not None)
     choice, times, profile = explain(p, nbytes, dtype=dtype, op=op, itemsize=itemsize)
     if os.environ.get("MLCOMM_DEBUG") == "1":
         ranked = ", ".join(f"{n}={t * 1e6:.1f}us" for n, t in sorted(times.items(), key=lambda kv: kv[1]))
-        log.warning("mlcomm: auto p=%d bytes=%d -> %s (profile: %s; %s)",
-                    p, nbytes, choice, profile.source, ranked)
+        how = "tuned" if profile.tuned_choice(p, nbytes) == choice else "model"
+        log.warning("mlcomm: auto p=%d bytes=%d -> %s (%s; profile: %s; %s)",
+                    p, nbytes, choice, how, profile.source, ranked)
     return choice

@@ -314,17 +314,43 @@ if comm.Get_rank() == 0:
 """
 
 
+def test_tuned_choices_win_over_the_model_for_their_rank_count(tmp_path):
+    from mlcomm.profile import save_profile
+    from mlcomm.select import explain
+    table = [[8, "naive"], [1024, "ring"], [1 << 20, "single_master"]]
+    prof = Profile(alpha=1e-3, beta=1e-12, gamma=1e-12, tuned={"4": table})
+    # the tuned size nearest on a log scale: 100 B is nearer 1 KiB than 8 B
+    assert [prof.tuned_choice(4, n) for n in (1, 8, 100, 1 << 16, 1 << 30)] == \
+        ["naive", "naive", "ring", "single_master", "single_master"]
+    assert prof.tuned_choice(5, 8) is None
+    assert explain(4, 1 << 20, profile=prof)[0] == "single_master"
+    model = Profile(alpha=1e-3, beta=1e-12, gamma=1e-12)
+    assert explain(5, 1 << 20, profile=prof)[0] == explain(5, 1 << 20, profile=model)[0]
+    path = save_profile(prof, tmp_path / "p.json")
+    assert load_profile(path).tuned == {"4": table}
+
+
 def test_calibrate_profile_auto_end_to_end(tmp_path):
     path = tmp_path / "profile.json"
     env = {"MLCOMM_PROFILE": str(path)}
+    out = mpirun(3, ["-m", "mlcomm", "tune", "--max-bytes", "64K", "--factor", "32",
+                     "--rounds", "2", "--no-progress"], env=env, timeout=180).stdout
+    tuned = json.loads(path.read_text())["tuned"]["3"]
+    assert [n for n, _ in tuned] == [8, 256, 8192] and f"wrote {path}" in out
+    assert all(name in ALGORITHMS and name not in ("mpi", "auto") for _, name in tuned)
     out = mpirun(2, ["-m", "mlcomm", "calibrate", "--quick", "--dtypes", "float64,float32",
                      "--ops", "sum,max"], env=env, timeout=180).stdout
     assert "profile written to" in out
     data = json.loads(path.read_text())
     assert data["alpha"] > 0 and data["beta"] >= 0 and data["gamma"] > 0
     assert data["gammas"]["numpy"]["float64"]["sum"] > 0 and data["ranks"] == 2
+    assert data["tuned"] == {"3": tuned}  # calibrating keeps the measured choices
     script = tmp_path / "auto.py"
     script.write_text(_AUTO_SCRIPT)
     proc = mpirun(2, [script], env=dict(env, MLCOMM_DEBUG="1"), timeout=120)
     choice = proc.stdout.split("CHOICE")[1].split()[0]
-    assert f"-> {choice} (profile: {path}" in proc.stderr
+    assert f"-> {choice} (model; profile: {path}" in proc.stderr
+    proc = mpirun(3, [script], env=dict(env, MLCOMM_DEBUG="1"), timeout=120)
+    choice = proc.stdout.split("CHOICE")[1].split()[0]
+    assert choice == tuned[-1][1]  # 40000 B: the 8 KiB entry is the nearest
+    assert f"-> {choice} (tuned; profile: {path}" in proc.stderr

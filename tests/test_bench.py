@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from mlcomm.benchmark.harness import (EXTRA_KEYS, RECORD_KEYS, band_summary, default_iters,
-                                      parse_size, size_list)
+from mlcomm.benchmark.harness import (EXTRA_KEYS, RECORD_KEYS, _round_order, band_summary,
+                                      default_iters, parse_size, size_list)
 from mlcomm.benchmark.report import format_csv, format_json, format_kernels, format_table
 
 from conftest import mpirun
@@ -51,13 +51,32 @@ def test_default_iters_shrink_with_size():
     assert default_iters(8, quick=True)[0] <= small[0]
 
 
+def test_rounds_rotate_so_each_algorithm_takes_each_place():
+    names = ["mpi", "ring", "naive"]
+    orders = [_round_order(names, k) for k in range(3)]
+    assert orders == [names, ["ring", "naive", "mpi"], ["naive", "mpi", "ring"]]
+    assert {o[0] for o in orders} == set(names) and _round_order(names, 3) == names
+
+
+def test_tune_keeps_a_choice_that_one_noisy_size_would_flip():
+    from mlcomm.benchmark.tune import fastest
+    times = {8: {"rd": 5.0, "ring": 9.0}, 16: {"rd": 5.2, "ring": 5.1},   # a near tie
+             32: {"rd": 5.3, "ring": 9.5}, 64: {"rd": 5.4, "ring": 9.6},
+             1 << 20: {"rd": 900.0, "ring": 500.0}, 2 << 20: {"rd": 1800.0, "ring": 1000.0}}
+    recs = [{"algorithm": a, "bytes": n, "time_us_avg": t}
+            for n, row in times.items() for a, t in row.items()]
+    recs.append({"algorithm": "mpi", "bytes": 8, "time_us_avg": 1.0})   # never chosen
+    assert fastest(recs) == [[8, "rd"], [16, "rd"], [32, "rd"], [64, "rd"],
+                             [1 << 20, "ring"], [2 << 20, "ring"]]
+
+
 def _fake(alg, nbytes, t, ranks=4, in_place=False):
     algbw = nbytes / (t * 1e-6) / 1e9
     return {"algorithm": alg, "ranks": ranks, "bytes": nbytes, "count": nbytes // 4,
             "dtype": "float32", "op": "sum", "in_place": in_place, "time_us_avg": t,
             "time_us_min": t * 0.9, "time_us_max": t * 1.1, "algbw_gbps": algbw,
             "busbw_gbps": algbw * 2 * (ranks - 1) / ranks, "ratio_to_mpi": None, "wrong": 0,
-            "iters": 10, "device": "cpu", "peak_rss_mib": 50.0}
+            "iters": 10, "rounds": 5, "device": "cpu", "peak_rss_mib": 50.0}
 
 
 def _fake_sweep():
@@ -147,7 +166,7 @@ def test_bench_json_and_plot_n2(tmp_path):
 def test_bench_csv_both_placements_n3():
     proc = mpirun(3, BENCH + FAST + ["--algorithms", "ring,recursive_doubling", "--both",
                                      "--dtype", "int32", "--op", "max", "--check",
-                                     "--format", "csv"], timeout=240)
+                                     "--rounds", "2", "--format", "csv"], timeout=240)
     rows = list(csv.DictReader(io.StringIO(proc.stdout)))
     assert list(rows[0]) == list(RECORD_KEYS) + list(EXTRA_KEYS)
     assert len(rows) == 4 * 2 * 3                      # sizes x placements x algorithms
@@ -155,6 +174,7 @@ def test_bench_csv_both_placements_n3():
     assert {r["in_place"] for r in rows} == {"True", "False"}
     assert {r["ranks"] for r in rows} == {"3"}
     assert {r["dtype"] for r in rows} == {"int32"} and {r["wrong"] for r in rows} == {"0"}
+    assert {(r["rounds"], r["iters"]) for r in rows} == {("2", "4")}  # 3 calls: 2 per round
 
 
 @pytest.mark.parametrize("nprocs, dtype, op, target", [

@@ -165,7 +165,7 @@ def calibrate(comm, *, sizes=None, quick: bool = False, gamma_bytes: int | None 
     """Measure on ``comm`` (at least 2 ranks); rank 0 returns and writes the Profile, others None."""
     from mpi4py import MPI
 
-    from ..profile import Profile, default_path, save_profile
+    from ..profile import Profile, default_path, load_profile, save_profile
     if comm.Get_size() < 2:
         raise RuntimeError("calibrate needs at least 2 ranks for the ping-pong: "
                            "run `mpiexec -n 2 mlcomm calibrate`")
@@ -188,6 +188,7 @@ def calibrate(comm, *, sizes=None, quick: bool = False, gamma_bytes: int | None 
         default = float(np.median(flat)) if flat else Profile().gamma
     prof = Profile(alpha=alpha, beta=beta, gamma=float(default), gammas=gammas,
                    step_overhead=step_overhead, op_overhead=op_overhead,
+                   tuned=load_profile(path).tuned,  # measured choices stay (mlcomm tune)
                    source=str(path or default_path()),
                    meta={"created": datetime.datetime.now().isoformat(timespec="seconds"),
                          "host": platform.node(),

@@ -46,7 +46,11 @@ def register(subparsers):
                    help="timed calls per size (default: size-aware, 200 for small messages "
                         "down to 5 for large ones)")
     p.add_argument("-w", "--warmup", type=int, default=None,
-                   help="untimed calls before timing (default iters/10)")
+                   help="untimed calls before timing (default iters/4)")
+    p.add_argument("-r", "--rounds", type=_positive, default=5,
+                   help="split the timed calls into this many rounds that interleave the "
+                        "algorithms; each one's time is its median round (default 5; 1 times "
+                        "each algorithm in one block)")
     p.add_argument("-d", "--dtype", default="float32",
                    help="element type: float64, float32, float16, bfloat16, int32, ... "
                         "(default float32); with --kernels a list, e.g. float32,float16")
@@ -82,6 +86,13 @@ def register(subparsers):
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
     return p
+
+
+def _positive(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
 
 
 def _short(n):
@@ -221,7 +232,8 @@ def run(args) -> int:
     cfg = BenchConfig(
         algorithms=algorithms, sizes=sizes,
         dtype=dtype, op=args.op, placements=placements, iters=args.iters,
-        warmup=args.warmup, quick=args.quick, check=args.check, device=args.device,
+        warmup=args.warmup, rounds=args.rounds, quick=args.quick, check=args.check,
+        device=args.device,
         progress=not args.no_progress, corrupt=os.environ.get("MLCOMM_BENCH_CORRUPT") or None)
     records = run_bench(cfg, comm)
     wrong = sum(r["wrong"] or 0 for r in records)

@@ -2,11 +2,11 @@
 
 In the style of nccl-tests and OSU: for each message size, each placement
 (in/out of place) and each algorithm (``mpi`` first, the MPI library's own
-``MPI_Allreduce``), run ``warmup`` untimed calls, a barrier, then ``iters``
-timed calls on preallocated buffers.  Each rank times its own loop; the
-per-call times are reduced to min/avg/max over ranks.  With ``check`` one
-extra untimed call on freshly initialised data is compared with the
-baseline and its wrong elements are counted over all ranks.
+``MPI_Allreduce``), run ``warmup`` untimed calls, then ``iters`` timed calls on
+preallocated buffers, split into interleaved rounds (see :func:`run_bench`).
+Each rank times its own loop; the per-call times are reduced to min/avg/max
+over ranks.  With ``check`` one extra untimed call on freshly initialised data
+is compared with the baseline and its wrong elements are counted over all ranks.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ __all__ = [
 RECORD_KEYS = ("algorithm", "ranks", "bytes", "count", "dtype", "op", "in_place",
                "time_us_avg", "time_us_min", "time_us_max", "algbw_gbps", "busbw_gbps",
                "ratio_to_mpi", "wrong")
-#: Extra keys: timed iterations, device, and peak resident memory (max over ranks).
-EXTRA_KEYS = ("iters", "device", "peak_rss_mib")
+#: Extra keys: timed calls, interleaved rounds, device, peak resident memory (max over ranks).
+EXTRA_KEYS = ("iters", "rounds", "device", "peak_rss_mib")
 
 BASELINE = "mpi"
 OPS = ("sum", "prod", "min", "max", "avg", "band", "bor", "bxor", "land", "lor")
@@ -124,6 +124,7 @@ class BenchConfig:
     placements: tuple[bool, ...] = (False,)          # in_place values to run
     iters: int | None = None                         # None: default_iters(size)
     warmup: int | None = None
+    rounds: int = 5                                  # interleaved timing rounds
     quick: bool = False
     check: bool = False
     device: str = "cpu"
@@ -302,31 +303,74 @@ def _corrupt_target(spec, algorithms):
     return others[0] if others else None
 
 
-def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
-    """Run the sweep of ``cfg`` on ``comm``; return the records (same on every rank)."""
+def _timed_call(alg, comm, dev, send, recv, in_place, op, mdtype, mop, staged, hosts):
+    """The call being timed, bound once: ``mpi`` (MPI_Allreduce) or an mlcomm algorithm."""
     from mpi4py import MPI
     import mlcomm
+
+    if alg != BASELINE:
+        allreduce = mlcomm.allreduce
+        if in_place:
+            return lambda: allreduce(MPI.IN_PLACE, recv, op, comm=comm, algorithm=alg)
+        return lambda: allreduce(send, recv, op, comm=comm, algorithm=alg)
+    Allreduce = comm.Allreduce
+    if staged:  # host MPI for device data: copy through the host, as mlcomm stages
+        hs, hr = hosts
+
+        def call():
+            hs[...] = dev.to_host(recv if in_place else send)
+            if in_place:
+                Allreduce(MPI.IN_PLACE, _view(hs, mdtype), mop)
+                recv.set(hs)
+            else:
+                Allreduce(_view(hs, mdtype), _view(hr, mdtype), mop)
+                recv.set(hr)
+        return call
+    rb = _view(recv, mdtype)
+    if in_place:
+        return lambda: Allreduce(MPI.IN_PLACE, rb, mop)
+    sb = _view(send, mdtype)
+    return lambda: Allreduce(sb, rb, mop)
+
+
+def _round_order(names, k):
+    """Round ``k``'s order: the list rotated by k, so no algorithm always runs first."""
+    k %= max(len(names), 1)
+    return names[k:] + names[:k]
+
+
+def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
+    """Run the sweep of ``cfg`` on ``comm``; return the records (same on every rank).
+
+    Per size and placement, every algorithm is first checked (with ``check``) and warmed
+    up, then timed in ``rounds`` interleaved rounds: each round times every algorithm for
+    ``iters / rounds`` calls after a barrier, in an order rotated by one per round.  An
+    algorithm's time per call is the median over rounds, so a burst of noise from other
+    processes lands on one round of every algorithm alike, not on one algorithm's whole
+    block (Google Benchmark's random interleaving, for the same reason).
+    """
+    from mpi4py import MPI
 
     comm = MPI.COMM_WORLD if comm is None else comm
     rank, size = comm.Get_rank(), comm.Get_size()
     dev = _Cuda(comm) if cfg.device == "cuda" else _Host()
     dtype, op = cfg.dtype, cfg.op
+    import mlcomm
     check_op = getattr(getattr(mlcomm, "kernels", None), "check_op", None)
     if check_op is not None:
         check_op(dtype, op)
     mdtype, mop, exact = _mpi_plan(dtype, op)
     staged = dev.name == "cuda" and not dev.aware
     corrupt_alg = _corrupt_target(cfg.corrupt, cfg.algorithms)
-    allreduce = getattr(mlcomm, "allreduce", None)
-    if allreduce is None and any(a != BASELINE for a in cfg.algorithms):
+    if getattr(mlcomm, "allreduce", None) is None and any(a != BASELINE for a in cfg.algorithms):
         raise RuntimeError("mlcomm.allreduce is not available in this install")
-    in_place_flag = MPI.IN_PLACE
 
     bar = None
-    total = len(cfg.sizes) * len(cfg.placements) * len(cfg.algorithms)
+    total = len(cfg.sizes) * len(cfg.placements)
     if rank == 0 and cfg.progress:
         from tqdm import tqdm
-        bar = tqdm(total=total, unit="run", desc=f"bench P={size}", leave=False, dynamic_ncols=True)
+        bar = tqdm(total=total, unit="size", desc=f"bench P={size}", leave=False,
+                   dynamic_ncols=True)
 
     records = []
     for nbytes in cfg.sizes:
@@ -334,111 +378,80 @@ def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
         iters, warmup = default_iters(nbytes, cfg.quick)
         iters = cfg.iters if cfg.iters is not None else iters
         warmup = cfg.warmup if cfg.warmup is not None else warmup
+        rounds = max(1, min(cfg.rounds, iters))
+        per_round = -(-iters // rounds) if iters else 0
         send = dev.empty(count, dtype)
         recv = dev.empty(count, dtype)
         host_data = _fill(np.empty(count, dtype), rank, size, op)
         dev.upload(send, host_data)
-        if staged:
-            hs, hr = np.empty(count, dtype), np.empty(count, dtype)
+        hosts = (np.empty(count, dtype), np.empty(count, dtype)) if staged else None
         ref = None
         for in_place in cfg.placements:
-            times = {}
+            if bar is not None:
+                bar.set_postfix_str(f"{format_size(nbytes)} {'in' if in_place else 'out'}")
+            calls, wrongs, peaks = {}, {}, {}
+            # -- per algorithm: check one untimed call on fresh data, warm up, peak memory
             for alg in cfg.algorithms:
-                if bar is not None:
-                    bar.set_postfix_str(f"{format_size(nbytes)} {'in' if in_place else 'out'} {alg}")
-                # -- the call being timed, bound once
-                if alg == BASELINE:
-                    if staged:
-                        def call(_s=send, _r=recv, _ip=in_place):
-                            src = _r if _ip else _s
-                            hs[...] = dev.to_host(src)
-                            if _ip:
-                                comm.Allreduce(in_place_flag, _view(hs, mdtype), mop)
-                                _r.set(hs)
-                            else:
-                                comm.Allreduce(_view(hs, mdtype), _view(hr, mdtype), mop)
-                                _r.set(hr)
-                    elif in_place:
-                        rb = _view(recv, mdtype)
-                        Allreduce = comm.Allreduce
-
-                        def call(_rb=rb, _A=Allreduce):
-                            _A(in_place_flag, _rb, mop)
-                    else:
-                        sb, rb = _view(send, mdtype), _view(recv, mdtype)
-                        Allreduce = comm.Allreduce
-
-                        def call(_sb=sb, _rb=rb, _A=Allreduce):
-                            _A(_sb, _rb, mop)
-                elif in_place:
-                    def call(_rb=recv, _alg=alg):
-                        allreduce(in_place_flag, _rb, op, comm=comm, algorithm=_alg)
-                else:
-                    def call(_sb=send, _rb=recv, _alg=alg):
-                        allreduce(_sb, _rb, op, comm=comm, algorithm=_alg)
-
-                # -- check: one untimed call on fresh data
+                call = calls[alg] = _timed_call(alg, comm, dev, send, recv, in_place, op,
+                                                mdtype, mop, staged, hosts)
                 _rss.reset_peak()  # this record's peak only, where the OS allows
-                wrong = None
+                wrongs[alg] = None
                 if cfg.check:
-                    if in_place:
-                        dev.upload(recv, host_data)
-                    else:
-                        dev.upload(send, host_data)
+                    dev.upload(recv if in_place else send, host_data)
                     call()
                     dev.sync()
-                    if alg == BASELINE:
-                        if exact:
-                            ref = dev.to_host(recv).copy()
-                        elif ref is None:
-                            ref = _reference(dtype, count, size, op)
+                    if alg == BASELINE and exact:
+                        ref = dev.to_host(recv).copy()
                     elif ref is None:
                         ref = _reference(dtype, count, size, op)
-                    if alg == BASELINE and not exact:
-                        local_wrong = 0          # a timing proxy: nothing to check
-                    else:
+                    if alg != BASELINE or exact:
                         res = np.array(dev.to_host(recv), copy=True)
                         if alg == corrupt_alg and rank == size - 1:
                             _corrupt(res)
-                        local_wrong = _count_wrong(res, ref, dtype, op)
-                    wrong = comm.allreduce(local_wrong, op=MPI.SUM)
-                    if alg == BASELINE and not exact:
-                        wrong = None
+                        wrongs[alg] = comm.allreduce(_count_wrong(res, ref, dtype, op),
+                                                     op=MPI.SUM)
+                    else:  # a timing proxy (see _mpi_plan): nothing to check
+                        comm.allreduce(0, op=MPI.SUM)
                 if in_place:
                     dev.upload(recv, host_data)
-
-                # -- warm-up, barrier, timed loop
                 for _ in range(warmup):
                     call()
                 dev.sync()
-                comm.Barrier()
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    call()
-                dev.sync()
-                t = (time.perf_counter() - t0) / max(iters, 1)
+                peaks[alg] = comm.allreduce(peak_rss_mib(), op=MPI.MAX)
+            # -- interleaved timed rounds
+            samples = {alg: [] for alg in cfg.algorithms}
+            for k in range(rounds):
+                for alg in _round_order(list(cfg.algorithms), k):
+                    call = calls[alg]
+                    comm.Barrier()
+                    t0 = time.perf_counter()
+                    for _ in range(per_round):
+                        call()
+                    dev.sync()
+                    samples[alg].append((time.perf_counter() - t0) / max(per_round, 1))
+            times = {}
+            for alg in cfg.algorithms:
+                t = float(np.median(samples[alg]))
                 tmin = comm.allreduce(t, op=MPI.MIN)
                 tmax = comm.allreduce(t, op=MPI.MAX)
-                tavg = comm.allreduce(t, op=MPI.SUM) / size
-                rss = comm.allreduce(peak_rss_mib(), op=MPI.MAX)
-                times[alg] = tavg
+                tavg = times[alg] = comm.allreduce(t, op=MPI.SUM) / size
                 algbw = nbytes / tavg / 1e9 if tavg > 0 else 0.0
-                rec = {
+                records.append({
                     "algorithm": alg, "ranks": size, "bytes": nbytes, "count": count,
                     "dtype": str(dtype), "op": op, "in_place": bool(in_place),
                     "time_us_avg": tavg * 1e6, "time_us_min": tmin * 1e6,
                     "time_us_max": tmax * 1e6, "algbw_gbps": algbw,
                     "busbw_gbps": algbw * 2 * (size - 1) / size,
-                    "ratio_to_mpi": None, "wrong": wrong,
-                    "iters": iters, "device": dev.name, "peak_rss_mib": round(rss, 1),
-                }
-                records.append(rec)
-                if bar is not None:
-                    bar.update(1)
+                    "ratio_to_mpi": None, "wrong": wrongs[alg],
+                    "iters": per_round * rounds, "rounds": rounds, "device": dev.name,
+                    "peak_rss_mib": round(peaks[alg], 1),
+                })
             base = times.get(BASELINE)
             for rec in records[-len(times):]:
                 if base and base > 0:
                     rec["ratio_to_mpi"] = rec["time_us_avg"] / (base * 1e6)
+            if bar is not None:
+                bar.update(1)
         del send, recv
     if bar is not None:
         bar.close()
