@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 
-__all__ = ["register", "tune", "fastest"]
+__all__ = ["register", "tune", "fastest", "median_times"]
 
 _EPILOG = """\
 examples:
@@ -45,20 +46,36 @@ def fastest(records) -> list:
     return table
 
 
-def tune(comm, sizes, *, rounds: int = 9, path=None, progress: bool = False):
-    """Time every hand-written all-reduce on ``comm``; rank 0 writes and returns the table."""
+def median_times(sweeps) -> list:
+    """One record per (size, algorithm) with the median ``time_us_avg`` over ``sweeps``."""
+    times = {}
+    for records in sweeps:
+        for r in records:
+            times.setdefault((r["bytes"], r["algorithm"]), []).append(r["time_us_avg"])
+    return [{"bytes": n, "algorithm": a, "time_us_avg": statistics.median(t)}
+            for (n, a), t in times.items()]
+
+
+def tune(comm, sizes, *, rounds: int = 9, repeats: int = 3, path=None,
+         progress: bool = False):
+    """Time every hand-written all-reduce on ``comm``; rank 0 writes and returns the table.
+
+    The sweep runs ``repeats`` times (fresh buffers each time) and each algorithm's
+    median time per size decides.
+    """
     from ..profile import load_profile, save_profile
     from .harness import BenchConfig, resolve_algorithms, run_bench
 
     algorithms = [a for a in resolve_algorithms("all") if a != "auto"]
-    records = run_bench(BenchConfig(algorithms=algorithms, sizes=list(sizes), rounds=rounds,
-                                    check=True, progress=progress), comm)
-    wrong = [r["algorithm"] for r in records if r["wrong"]]
+    config = BenchConfig(algorithms=algorithms, sizes=list(sizes), rounds=rounds, check=True,
+                         progress=progress)
+    sweeps = [run_bench(config, comm) for _ in range(repeats)]
+    wrong = {r["algorithm"] for records in sweeps for r in records if r["wrong"]}
     if wrong:
-        raise RuntimeError(f"mlcomm tune: wrong results from {sorted(set(wrong))}; not tuned")
+        raise RuntimeError(f"mlcomm tune: wrong results from {sorted(wrong)}; not tuned")
     if comm.Get_rank():
         return None
-    table = fastest(records)
+    table = fastest(median_times(sweeps))
     profile = load_profile(path)
     profile.tuned = dict(profile.tuned, **{str(comm.Get_size()): table})
     profile.source = str(save_profile(profile, path))
@@ -79,6 +96,8 @@ def register(subparsers):
                    help="multiply the size by this between steps (default 2)")
     p.add_argument("-r", "--rounds", type=int, default=9,
                    help="interleaved timing rounds per size (default 9)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="sweeps to take each algorithm's median time from (default 3)")
     p.add_argument("--profile", default=None, metavar="FILE",
                    help="the profile to update (default $MLCOMM_PROFILE or "
                         "~/.cache/mlcomm/profile.json)")
@@ -92,7 +111,7 @@ def _run(args) -> int:
     from .harness import parse_size, size_list
     comm = MPI.COMM_WORLD
     sizes = size_list(parse_size(args.min_bytes), parse_size(args.max_bytes), args.factor, 4)
-    table = tune(comm, sizes, rounds=args.rounds, path=args.profile,
+    table = tune(comm, sizes, rounds=args.rounds, repeats=args.repeats, path=args.profile,
                  progress=not args.no_progress)
     if table is not None:
         from ..profile import default_path
