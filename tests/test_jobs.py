@@ -29,7 +29,7 @@ def dry_run(script, *args, **env):
 def test_every_script_is_covered_and_parses():
     scripts = sorted(p.name for p in JOBS.iterdir() if p.suffix in (".sbatch", ".pbs", ".sh"))
     assert scripts == ["mpiexec_hostfile.sh", "pbs_bench.pbs", "slurm_bench.sbatch",
-                       "slurm_gpu.sbatch", "slurm_train.sbatch"]
+                       "slurm_gpu.sbatch", "slurm_train.sbatch", "slurm_tune.sbatch"]
     for name in scripts:
         subprocess.run(["bash", "-n", str(JOBS / name)], check=True)
         text = (JOBS / name).read_text()
@@ -50,6 +50,12 @@ def test_slurm_bench_takes_the_allocation_from_slurm():
                   SLURM_JOB_ID="77", NODES="1")
     assert "--nodes=16" in cmd and "--ntasks-per-node=32" in cmd
     assert "mlcomm-bench-77.json" in cmd
+
+
+def test_slurm_tune():
+    cmd = dry_run("slurm_tune.sbatch", "--max-bytes", "64M", NODES="4", TASKS_PER_NODE="8")
+    assert cmd == ["srun", "--mpi=pmix", "--nodes=4", "--ntasks-per-node=8",
+                   "mlcomm", "tune", "--no-progress", "--max-bytes", "64M"]
 
 
 def test_pbs_bench():
