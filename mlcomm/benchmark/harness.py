@@ -339,6 +339,22 @@ def _round_order(names, k):
     return names[k:] + names[:k]
 
 
+def _interleaved(calls: dict, rounds: int, per_round: int, comm, sync) -> dict:
+    """``{name: median seconds per call}``: ``rounds`` rounds, each timing every call
+    ``per_round`` times after a barrier, in the order of :func:`_round_order`."""
+    samples = {name: [] for name in calls}
+    for k in range(rounds):
+        for name in _round_order(list(calls), k):
+            call = calls[name]
+            comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(per_round):
+                call()
+            sync()
+            samples[name].append((time.perf_counter() - t0) / max(per_round, 1))
+    return {name: float(np.median(t)) for name, t in samples.items()}
+
+
 def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
     """Run the sweep of ``cfg`` on ``comm``; return the records (same on every rank).
 
@@ -418,20 +434,10 @@ def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
                     call()
                 dev.sync()
                 peaks[alg] = comm.allreduce(peak_rss_mib(), op=MPI.MAX)
-            # -- interleaved timed rounds
-            samples = {alg: [] for alg in cfg.algorithms}
-            for k in range(rounds):
-                for alg in _round_order(list(cfg.algorithms), k):
-                    call = calls[alg]
-                    comm.Barrier()
-                    t0 = time.perf_counter()
-                    for _ in range(per_round):
-                        call()
-                    dev.sync()
-                    samples[alg].append((time.perf_counter() - t0) / max(per_round, 1))
+            medians = _interleaved(calls, rounds, per_round, comm, dev.sync)
             times = {}
             for alg in cfg.algorithms:
-                t = float(np.median(samples[alg]))
+                t = medians[alg]
                 tmin = comm.allreduce(t, op=MPI.MIN)
                 tmax = comm.allreduce(t, op=MPI.MAX)
                 tavg = times[alg] = comm.allreduce(t, op=MPI.SUM) / size
