@@ -32,6 +32,10 @@ def _info(args) -> int:
         print("CUDA-aware  no GPU support built in")
     for name, state in kernels.backends().items():
         print(f"kernel      {name:6s} {state}")
+    from .profile import load_profile
+    profile = load_profile()
+    tuned = ", ".join(sorted(profile.tuned, key=int)) or "none (mlcomm tune)"
+    print(f"profile     {profile.source}; auto tuned for ranks: {tuned}")
     for collective, table in COLLECTIVES.items():
         print(f"{collective:11s} {', '.join(sorted(table))}")
     return 0

@@ -314,7 +314,7 @@ if comm.Get_rank() == 0:
 """
 
 
-def test_tuned_choices_win_over_the_model_for_their_rank_count(tmp_path):
+def test_tuned_choices_win_over_the_model_for_their_rank_count(tmp_path, monkeypatch):
     from mlcomm.profile import save_profile
     from mlcomm.select import explain
     table = [[8, "naive"], [1024, "ring"], [1 << 20, "single_master"]]
@@ -328,6 +328,11 @@ def test_tuned_choices_win_over_the_model_for_their_rank_count(tmp_path):
     assert explain(5, 1 << 20, profile=prof)[0] == explain(5, 1 << 20, profile=model)[0]
     path = save_profile(prof, tmp_path / "p.json")
     assert load_profile(path).tuned == {"4": table}
+    monkeypatch.setenv("MLCOMM_PROFILE", str(path))
+    assert "auto chooses single_master: measured fastest for 4 ranks" in \
+        _cli("explain", "--ranks", 4, "--bytes", "1M")
+    assert "least predicted time" in _cli("explain", "--ranks", 5, "--bytes", "1M")
+    assert "auto tuned for ranks: 4" in _cli("info")
 
 
 def test_calibrate_profile_auto_end_to_end(tmp_path):

@@ -208,7 +208,12 @@ def _explain(args) -> int:
         mark = "  <- auto" if name == choice else ""
         ratio = t / best if best > 0 else float("nan")
         print(f"{name:28s} {_seconds(t):>12s} {ratio:7.2f}x{mark}")
-    print(f"auto chooses {choice}: least predicted time (alpha-beta-gamma closed form + per-step and per-op overhead and copies)")
+    if profile.tuned_choice(args.ranks, args.bytes) == choice:
+        print(f"auto chooses {choice}: measured fastest for {args.ranks} ranks at the nearest "
+              f"tuned size (mlcomm tune), whatever the model predicts")
+    else:
+        print(f"auto chooses {choice}: least predicted time (alpha-beta-gamma closed form + "
+              f"per-step and per-op overhead and copies)")
     return 0
 
 
