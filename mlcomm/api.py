@@ -129,19 +129,19 @@ _REPEATS: dict = {}
 _REPEATS_MAX = 32
 
 
-def _repeat_key(sendbuf, recvbuf):
-    """The output buffer's id (bcast has only ``sendbuf``): one int hashes fastest.
-
-    Calls into one output from several inputs take turns in its slot, as their plans take
-    turns in the plan's binding.
+def _repeat_key(sendbuf, recvbuf, algorithm):
+    """The output buffer's id (bcast has only ``sendbuf``) plus the algorithm's: ints add
+    and hash faster than a tuple.  Calls that alternate algorithms on one buffer (as the
+    benchmark does) keep a slot each; calls that write one output from several inputs
+    take turns in theirs, as their plans take turns in the plan's binding.
     """
-    return id(sendbuf if recvbuf is None else recvbuf)
+    return id(sendbuf if recvbuf is None else recvbuf) + id(algorithm)
 
 
 def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
     """Run one collective call; return what the public function returns."""
     if validate is None and not options and not _VALIDATE:
-        repeat = _REPEATS.get(id(sendbuf if recvbuf is None else recvbuf))  # _repeat_key
+        repeat = _REPEATS.get(_repeat_key(sendbuf, recvbuf, algorithm))
         if repeat is not None and repeat.matches(collective, sendbuf, recvbuf, op, comm,
                                                  algorithm, root):
             err = repeat.run()
@@ -166,7 +166,7 @@ def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, opti
         repeat.result = result
         if len(_REPEATS) >= _REPEATS_MAX:
             del _REPEATS[next(iter(_REPEATS))]
-        _REPEATS[_repeat_key(sendbuf, recvbuf)] = repeat
+        _REPEATS[_repeat_key(sendbuf, recvbuf, algorithm)] = repeat
     return result
 
 

@@ -66,6 +66,22 @@ def test_repeated_calls_see_new_data(name):
         agree(np.array_equal(z, reference(COMM, x, "max")), f"{name} in place trial {trial}")
 
 
+def test_alternating_algorithms_on_one_buffer_stay_repeats():
+    from mlcomm import api
+    x, y = np.arange(9, dtype=np.int64) + RANK, np.empty(9, np.int64)
+    seen = {}
+    for trial in range(3):
+        for name in ("ring", "recursive_doubling", "mpi"):
+            x += trial
+            mlcomm.allreduce(x, y, algorithm=name)
+            agree(np.array_equal(y, reference(COMM, x, "sum")), f"{name} trial {trial}")
+            repeat = api._REPEATS.get(api._repeat_key(x, y, name))
+            agree(repeat is not None and repeat.recvbuf is y and repeat.algorithm == name, name)
+            if trial:  # the first call's repeat ran this one: no re-planning in between
+                agree(repeat is seen[name], f"{name} was planned again in trial {trial}")
+            seen[name] = repeat
+
+
 def test_repeated_avg_divides_every_time():
     x = np.full(5, float(RANK + 1))
     y = np.empty(5)
