@@ -47,7 +47,7 @@ def register(subparsers):
                         "down to 5 for large ones)")
     p.add_argument("-w", "--warmup", type=int, default=None,
                    help="untimed calls before timing (default iters/4)")
-    p.add_argument("-r", "--rounds", type=_positive, default=5,
+    p.add_argument("-r", "--rounds", type=positive_int, default=5,
                    help="split the timed calls into this many rounds that interleave the "
                         "algorithms; each one's time is its median round (default 5; 1 times "
                         "each algorithm in one block)")
@@ -88,7 +88,7 @@ def register(subparsers):
     return p
 
 
-def _positive(text):
+def positive_int(text):
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")

@@ -84,6 +84,7 @@ def tune(comm, sizes, *, rounds: int = 9, repeats: int = 3, path=None,
 
 def register(subparsers):
     """Add the ``tune`` command."""
+    from .cli import positive_int
     p = subparsers.add_parser(
         "tune", help="measure the fastest algorithm per message size for auto (mpiexec)",
         description=__doc__.splitlines()[0].split(": ", 1)[1],
@@ -94,9 +95,9 @@ def register(subparsers):
                    help="largest message (default 16M); larger ones take its choice")
     p.add_argument("-f", "--factor", type=float, default=2.0,
                    help="multiply the size by this between steps (default 2)")
-    p.add_argument("-r", "--rounds", type=int, default=9,
+    p.add_argument("-r", "--rounds", type=positive_int, default=9,
                    help="interleaved timing rounds per size (default 9)")
-    p.add_argument("--repeats", type=int, default=3,
+    p.add_argument("--repeats", type=positive_int, default=3,
                    help="sweeps to take each algorithm's median time from (default 3)")
     p.add_argument("--profile", default=None, metavar="FILE",
                    help="the profile to update (default $MLCOMM_PROFILE or "
