@@ -366,12 +366,12 @@ def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
     block (Google Benchmark's random interleaving, for the same reason).
     """
     from mpi4py import MPI
+    import mlcomm
 
     comm = MPI.COMM_WORLD if comm is None else comm
     rank, size = comm.Get_rank(), comm.Get_size()
     dev = _Cuda(comm) if cfg.device == "cuda" else _Host()
     dtype, op = cfg.dtype, cfg.op
-    import mlcomm
     check_op = getattr(getattr(mlcomm, "kernels", None), "check_op", None)
     if check_op is not None:
         check_op(dtype, op)
