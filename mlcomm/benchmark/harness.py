@@ -23,7 +23,7 @@ from . import rss as _rss
 __all__ = [
     "RECORD_KEYS", "EXTRA_KEYS", "BenchConfig",
     "parse_size", "format_size", "size_list", "parse_dtype", "default_iters",
-    "resolve_algorithms", "run_bench", "peak_rss_mib",
+    "resolve_algorithms", "run_bench", "interleaved", "peak_rss_mib",
 ]
 
 #: The keys every JSON record carries (issue 4), in column order.
@@ -339,7 +339,7 @@ def _round_order(names, k):
     return names[k:] + names[:k]
 
 
-def _interleaved(calls: dict, rounds: int, per_round: int, comm, sync) -> dict:
+def interleaved(calls: dict, rounds: int, per_round: int, comm, sync) -> dict:
     """``{name: median seconds per call}``: ``rounds`` rounds, each timing every call
     ``per_round`` times after a barrier, in the order of :func:`_round_order`."""
     samples = {name: [] for name in calls}
@@ -434,7 +434,7 @@ def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
                     call()
                 dev.sync()
                 peaks[alg] = comm.allreduce(peak_rss_mib(), op=MPI.MAX)
-            medians = _interleaved(calls, rounds, per_round, comm, dev.sync)
+            medians = interleaved(calls, rounds, per_round, comm, dev.sync)
             times = {}
             for alg in cfg.algorithms:
                 t = medians[alg]

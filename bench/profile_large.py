@@ -1,0 +1,160 @@
+"""Where the time goes in a large all-reduce: each algorithm split into its transfers and its
+reductions, timed beside ``MPI_Allreduce`` in the same job.
+
+    mpiexec -n 4 python bench/profile_large.py                 # 16 MiB float32 sum
+    mpiexec -n 2 python bench/profile_large.py --bytes 4M --rounds 21
+
+For each hand-written algorithm its compiled plan runs three ways, all through the same
+executor on the same buffers:
+
+- whole: ``mlcomm.allreduce`` (out of place);
+- transfers: the plan with its local ops removed (every message, no arithmetic);
+- reductions: the plan with its messages removed (every reduction and copy, no MPI).
+
+Beside them stand ``MPI_Allreduce`` and two yardsticks: ``copy``, one ``np.copyto`` of the
+vector on every rank at once (what memory gives), and ``sendrecv``, one ``MPI_Sendrecv`` of the
+whole vector with a partner (what the MPI transport gives). Every call is timed in the
+interleaved rounds ``mlcomm bench`` uses; a time is the median over rounds, averaged over
+ranks. Rank 0 prints the table and writes ``bench/results/profile_large_p{P}.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_ALGORITHMS = ("recursive_halving_doubling", "ring", "parameter_server",
+                      "double_binary_tree")
+
+
+def _parser():
+    from mlcomm.benchmark.cli import positive_int
+    from mlcomm.benchmark.harness import parse_size
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bytes", type=parse_size, default=16 << 20,
+                   help="vector size per rank (default 16M)")
+    p.add_argument("--algorithms", default=",".join(DEFAULT_ALGORITHMS),
+                   help="comma-separated hand-written algorithms")
+    p.add_argument("--rounds", type=positive_int, default=15, help="interleaved rounds")
+    p.add_argument("--per-round", type=positive_int, default=4, help="calls per round")
+    p.add_argument("--out", type=Path, default=None,
+                   help="JSON file (default bench/results/profile_large_p{P}.json)")
+    return p
+
+
+def _stripped(schedule, keep_transfers):
+    """The schedule with only its transfers, or only its local ops."""
+    steps = [dataclasses.replace(s, ops=[]) if keep_transfers else
+             dataclasses.replace(s, transfers=[]) for s in schedule.steps]
+    return dataclasses.replace(schedule, steps=steps)
+
+
+def _bound(comm, schedule, send, recv):
+    """A no-argument call running ``schedule`` through the executor on these buffers."""
+    from mlcomm.executor import bind_plan, private_comm
+    from mlcomm.plan import compile_plan
+
+    plan = compile_plan(("profile",), schedule)
+    binding = bind_plan(private_comm(comm).comm, plan, send, recv, "sum")
+    return binding.run
+
+
+def calls_for(comm, algorithms, send, recv):
+    """``{label: no-argument call}``: MPI_Allreduce, the yardsticks, and each algorithm's parts."""
+    import numpy as np
+    from mpi4py import MPI
+
+    import mlcomm
+    from mlcomm.algorithms import ALGORITHMS
+
+    rank, size = comm.rank, comm.size
+    partner = rank ^ 1 if (rank ^ 1) < size else rank
+    other = np.empty_like(recv)
+    calls = {
+        "mpi": lambda: comm.Allreduce(send, recv, MPI.SUM),
+        "copy": lambda: np.copyto(recv, send),
+        "sendrecv": lambda: comm.Sendrecv(send, partner, 7, other, partner, 7),
+    }
+    for name in algorithms:
+        if name not in ALGORITHMS or ALGORITHMS[name].build is None:
+            raise ValueError(f"--algorithms: {name!r} is not a hand-written all-reduce "
+                             f"(choose from {sorted(a for a in ALGORITHMS if ALGORITHMS[a].build)})")
+        schedule = ALGORITHMS[name].build(rank, size, send.size, send.itemsize)
+        calls[name] = (lambda n: lambda: mlcomm.allreduce(send, recv, comm=comm, algorithm=n))(name)
+        calls[f"{name}:transfers"] = _bound(comm, _stripped(schedule, True), send, recv)
+        calls[f"{name}:reductions"] = _bound(comm, _stripped(schedule, False), send, recv)
+    return calls
+
+
+def profile(comm, args) -> dict | None:
+    """Time every call; return rank 0's record (None elsewhere)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from mlcomm.benchmark.harness import interleaved
+
+    algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    count = args.bytes // 4
+    send = np.full(count, comm.rank + 1, np.float32)
+    recv = np.zeros(count, np.float32)
+    calls = calls_for(comm, algorithms, send, recv)
+    for name in algorithms:  # correctness first: the whole call against exact integers
+        calls[name]()
+        p = comm.size
+        if not np.all(recv == p * (p + 1) // 2):
+            raise RuntimeError(f"{name} gave a wrong sum at {args.bytes} bytes")
+    for call in calls.values():  # warm-up: plans bound, pages touched, kernels loaded
+        call()
+    medians = interleaved(calls, args.rounds, args.per_round, comm, lambda: None)
+    times = {k: comm.allreduce(v, op=MPI.SUM) / comm.size * 1e6 for k, v in medians.items()}
+    if comm.rank != 0:
+        return None
+    return {"ranks": comm.size, "bytes": args.bytes, "dtype": "float32", "op": "sum",
+            "rounds": args.rounds, "per_round": args.per_round,
+            "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+            "command": "mpiexec -n %d python bench/profile_large.py %s"
+                       % (comm.size, " ".join(sys.argv[1:])),
+            "algorithms": algorithms, "time_us": times}
+
+
+def format_table(rec) -> str:
+    t = times = rec["time_us"]
+    mpi = times["mpi"]
+    lines = [f"# {rec['ranks']} ranks, {rec['bytes'] >> 20} MiB float32 sum; µs per call "
+             f"(median of {rec['rounds']} rounds, mean over ranks) and ratio to MPI_Allreduce",
+             f"{'':36s} {'µs':>9s} {'/ mpi':>7s}"]
+    for name in ("mpi", "copy", "sendrecv"):
+        lines.append(f"{name:36s} {t[name]:9.0f} {t[name] / mpi:7.2f}")
+    for name in rec["algorithms"]:
+        parts = t[f"{name}:transfers"] + t[f"{name}:reductions"]
+        for label, value in ((name, t[name]), ("  transfers only", t[f"{name}:transfers"]),
+                             ("  reductions only", t[f"{name}:reductions"]),
+                             ("  transfers + reductions", parts)):
+            lines.append(f"{label:36s} {value:9.0f} {value / mpi:7.2f}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    from mpi4py import MPI
+
+    args = _parser().parse_args(argv)
+    comm = MPI.COMM_WORLD
+    rec = profile(comm, args)
+    if rec is not None:
+        out = args.out or HERE / "results" / f"profile_large_p{comm.size}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rec, indent=1) + "\n")
+        print(format_table(rec), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    from mlcomm.cli import abort_on_error
+    sys.exit(abort_on_error(main))
