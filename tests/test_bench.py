@@ -58,6 +58,22 @@ def test_rounds_rotate_so_each_algorithm_takes_each_place():
     assert {o[0] for o in orders} == set(names) and _round_order(names, 3) == names
 
 
+def test_each_timed_block_follows_an_untimed_call_of_its_own():
+    """Steady state: no timed block starts cold after another algorithm's block."""
+    from mlcomm.benchmark.harness import interleaved
+    events = []
+
+    class Comm:
+        def Barrier(self):
+            events.append("|")
+
+    calls = {n: (lambda n: lambda: events.append(n))(n) for n in ("mpi", "ring")}
+    medians = interleaved(calls, rounds=2, per_round=3, comm=Comm(), sync=lambda: None)
+    assert set(medians) == {"mpi", "ring"}
+    blocks = "".join(e[0] if e != "|" else e for e in events)
+    assert blocks == "m|mmmr|rrr" + "r|rrrm|mmm"
+
+
 def test_tune_keeps_a_choice_that_one_noisy_size_would_flip():
     from mlcomm.benchmark.tune import fastest
     times = {8: {"rd": 5.0, "ring": 9.0}, 16: {"rd": 5.2, "ring": 5.1},   # a near tie
@@ -68,6 +84,16 @@ def test_tune_keeps_a_choice_that_one_noisy_size_would_flip():
     recs.append({"algorithm": "mpi", "bytes": 8, "time_us_avg": 1.0})   # never chosen
     assert fastest(recs) == [[8, "rd"], [16, "rd"], [32, "rd"], [64, "rd"],
                              [1 << 20, "ring"], [2 << 20, "ring"]]
+
+
+def test_tune_keeps_a_real_step_at_one_size():
+    """rd wins both neighbours by far, but is 20 % slower at 8 KiB itself: the step stands."""
+    from mlcomm.benchmark.tune import fastest
+    times = {4096: {"rd": 5.0, "rhd": 8.0}, 8192: {"rd": 12.0, "rhd": 10.0},
+             16384: {"rd": 11.0, "rhd": 16.0}}
+    recs = [{"algorithm": a, "bytes": n, "time_us_avg": t}
+            for n, row in times.items() for a, t in row.items()]
+    assert fastest(recs) == [[4096, "rd"], [8192, "rhd"], [16384, "rd"]]
 
 
 def _fake(alg, nbytes, t, ranks=4, in_place=False):

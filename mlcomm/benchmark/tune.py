@@ -14,7 +14,10 @@ import argparse
 import math
 import statistics
 
-__all__ = ["register", "tune", "fastest", "median_times"]
+__all__ = ["register", "tune", "fastest", "median_times", "NEAR_TIE"]
+
+#: the smoothed choice stands while its time at the size is within 5 % of the fastest there
+NEAR_TIE = 1.05
 
 _EPILOG = """\
 examples:
@@ -30,7 +33,9 @@ def fastest(records) -> list:
 
     An algorithm's score at a size is the geometric mean of its time over the fastest
     time at that size and its two neighbours, so a near-tie decided by noise at one
-    size does not flip the choice there.
+    size does not flip the choice there.  The best score wins only while it is within
+    ``NEAR_TIE`` of the size's own fastest time: a real step at one size (a message that
+    crosses the MPI library's eager limit) is not smoothed away.
     """
     times = {}
     for rec in records:
@@ -42,7 +47,9 @@ def fastest(records) -> list:
     for i, n in enumerate(sizes):
         near = sizes[max(i - 1, 0):i + 2]
         score = lambda a: math.prod(ratio[m].get(a, math.inf) for m in near) ** (1 / len(near))
-        table.append([n, min(times[n], key=lambda a: (score(a), times[n][a]))])
+        smoothed = min(times[n], key=lambda a: (score(a), times[n][a]))
+        own = min(times[n], key=times[n].get)
+        table.append([n, smoothed if ratio[n][smoothed] <= NEAR_TIE else own])
     return table
 
 
