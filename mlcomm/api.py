@@ -150,8 +150,8 @@ def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, opti
             if repeat.finish is not None:
                 repeat.finish()
             return repeat.result
-    if type(sendbuf) is not np.ndarray and (gpu.is_device_array(sendbuf)
-                                            or gpu.is_device_array(recvbuf)):
+    if (type(sendbuf) is not np.ndarray and gpu.is_device_array(sendbuf)) or (
+            type(recvbuf) is not np.ndarray and gpu.is_device_array(recvbuf)):
         return _run_device(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
                            options)
     out, repeat = _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,

@@ -67,13 +67,16 @@ def _logical_dtype(raw, dtype):
     return dtype
 
 
-def _device_buffer(name, buf, other):
-    """(kind, flat device array) for the user's ``buf`` (None for None)."""
-    if buf is None:
-        return None
-    if not gpu.is_device_array(buf):
+def _check_on_device(name, buf, other):
+    if buf is not None and not gpu.is_device_array(buf):
         raise TypeError(f"{name} is a {type(buf).__name__} but {other} is on the device; "
                         f"pass device arrays for both (or host arrays for both)")
+
+
+def _device_buffer(name, buf):
+    """(kind, flat device array) for the user's device ``buf`` (None for None)."""
+    if buf is None:
+        return None
     kind, arr = _wrap(buf)
     return kind, _flat(kind, arr, name)
 
@@ -91,8 +94,11 @@ class UserBuffers:
         self.in_place = sendbuf is MPI.IN_PLACE
         if self.in_place and recvbuf is None:
             raise ValueError("sendbuf=IN_PLACE needs recvbuf: the data to reduce in place")
-        send = None if self.in_place else _device_buffer("sendbuf", sendbuf, "recvbuf")
-        recv = _device_buffer("recvbuf", recvbuf, "sendbuf")
+        if not self.in_place:  # both checked before either touches the CUDA driver
+            _check_on_device("sendbuf", sendbuf, "recvbuf")
+        _check_on_device("recvbuf", recvbuf, "sendbuf")
+        send = None if self.in_place else _device_buffer("sendbuf", sendbuf)
+        recv = _device_buffer("recvbuf", recvbuf)
         kinds = {kind for kind, _ in filter(None, (send, recv))}
         if not kinds:
             raise TypeError("mlcomm needs a device sendbuf or recvbuf here")
