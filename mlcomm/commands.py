@@ -35,7 +35,8 @@ def _info(args) -> int:
     from .profile import load_profile
     profile = load_profile()
     tuned = ", ".join(sorted(profile.tuned, key=int)) or "none (mlcomm tune)"
-    print(f"profile     {profile.source}; auto tuned for ranks: {tuned}")
+    model = "calibrated" if profile.calibrated else "built-in defaults (mlcomm calibrate)"
+    print(f"profile     {profile.source}; cost model: {model}; auto tuned for ranks: {tuned}")
     for collective, table in COLLECTIVES.items():
         print(f"{collective:11s} {', '.join(sorted(table))}")
     return 0

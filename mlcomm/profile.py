@@ -60,6 +60,17 @@ class Profile:
     source: str = "built-in defaults"
     meta: dict = field(default_factory=dict)
 
+    @property
+    def calibrated(self) -> bool:
+        """Whether alpha and beta were measured (``mlcomm calibrate``) or written by hand: a
+        profile that ``mlcomm tune`` alone wrote holds the built-in defaults."""
+        return (self.alpha, self.beta) != (DEFAULT_ALPHA, DEFAULT_BETA)
+
+    @property
+    def model_source(self) -> str:
+        """Where alpha, beta and gamma come from: the profile's path or built-in defaults."""
+        return self.source if self.calibrated else "built-in defaults"
+
     def tuned_choice(self, p: int, nbytes: int):
         """The measured fastest algorithm for ``p`` ranks at the tuned size nearest ``nbytes``
         (on a log scale), or None when ``p`` was not tuned."""

@@ -117,5 +117,5 @@ def auto_choice(collective: str, p: int, nbytes: int, *, dtype=None, op=None,
         ranked = ", ".join(f"{n}={t * 1e6:.1f}us" for n, t in sorted(times.items(), key=lambda kv: kv[1]))
         how = "tuned" if profile.tuned_choice(p, nbytes) == choice else "model"
         log.warning("mlcomm: auto p=%d bytes=%d -> %s (%s; profile: %s; %s)",
-                    p, nbytes, choice, how, profile.source, ranked)
+                    p, nbytes, choice, how, profile.model_source, ranked)
     return choice

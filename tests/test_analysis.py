@@ -332,7 +332,12 @@ def test_tuned_choices_win_over_the_model_for_their_rank_count(tmp_path, monkeyp
     assert "auto chooses single_master: measured fastest for 4 ranks" in \
         _cli("explain", "--ranks", 4, "--bytes", "1M")
     assert "least predicted time" in _cli("explain", "--ranks", 5, "--bytes", "1M")
-    assert "auto tuned for ranks: 4" in _cli("info")
+    assert "cost model: calibrated; auto tuned for ranks: 4" in _cli("info")
+    monkeypatch.setenv("MLCOMM_PROFILE", str(save_profile(Profile(tuned={"4": table}),
+                                                          tmp_path / "tuned_only.json")))
+    assert "cost model: built-in defaults (mlcomm calibrate); auto tuned for ranks: 4" in \
+        _cli("info")
+    assert "profile: built-in defaults: alpha=" in _cli("explain", "--ranks", 5, "--bytes", "1M")
 
 
 def test_calibrate_profile_auto_end_to_end(tmp_path):

@@ -150,6 +150,10 @@ def test_model_lines_only_with_a_calibrated_profile(tmp_path, monkeypatch):
     from mlcomm.benchmark.plot import model_times, plot_sweep
     monkeypatch.setenv("MLCOMM_PROFILE", str(tmp_path / "missing.json"))
     assert model_times(["mpi", "ring"], 4, [8, 1024]) is None     # built-in defaults: no model
+    from mlcomm.profile import Profile, save_profile               # as mlcomm tune alone writes it
+    tuned_only = save_profile(Profile(tuned={"4": [[8, "naive"]]}), tmp_path / "tuned.json")
+    monkeypatch.setenv("MLCOMM_PROFILE", str(tuned_only))
+    assert model_times(["mpi", "ring"], 4, [8, 1024]) is None
     prof = tmp_path / "profile.json"
     prof.write_text(json.dumps({"version": 1, "alpha": 2e-5, "beta": 5e-10, "gamma": 1e-10}))
     monkeypatch.setenv("MLCOMM_PROFILE", str(prof))

@@ -139,7 +139,7 @@ def _analyze(args) -> int:
     print(format_rows(rows, KEYS, args.format))
     if args.format == "table":
         print(f"# alpha={net.alpha:.3g}s beta={net.beta:.3g}s/B gamma={net.gamma:.3g}s/B "
-              f"({profile.source}); rounds = critical path in communication steps")
+              f"({profile.model_source}); rounds = critical path in communication steps")
     return 0
 
 
@@ -172,7 +172,7 @@ def _simulate(args) -> int:
                  f"beta={net.inter_beta or net.beta:.3g}, nic_ports={net.nic_ports}; "
                  if net.two_level else "")
         print(f"# model: alpha={net.alpha:.3g}s beta={net.beta:.3g}s/B gamma={net.gamma:.3g}s/B, "
-              f"ports={net.ports or 'unlimited'}; {model}profile: {profile.source}")
+              f"ports={net.ports or 'unlimited'}; {model}profile: {profile.model_source}")
         if formula:
             first = {}
             for name, p in formula:
@@ -199,7 +199,7 @@ def _explain(args) -> int:
     gamma = profile.gamma_for(args.dtype, args.op)
     kernel = ", ".join(str(x) for x in (args.dtype, args.op) if x) or "any dtype and op"
     print(f"all-reduce of {args.bytes} bytes ({kernel}) on {args.ranks} ranks")
-    print(f"profile: {profile.source}: alpha={profile.alpha:.3g}s beta={profile.beta:.3g}s/B "
+    print(f"profile: {profile.model_source}: alpha={profile.alpha:.3g}s beta={profile.beta:.3g}s/B "
           f"({1 / profile.beta / 1e9 if profile.beta else float('inf'):.2f} GB/s) "
           f"gamma={gamma:.3g}s/B")
     best = times[choice]

@@ -53,7 +53,7 @@ def model_times(algorithms, ranks, sizes, dtype="float32", op="sum"):
         prof = load()
     except (OSError, ValueError):
         return None
-    if prof is None or getattr(prof, "source", "built-in defaults") == "built-in defaults":
+    if prof is None or not prof.calibrated:
         return None                      # not calibrated: draw no model
     alpha, beta, gamma = prof.alpha, prof.beta, prof.gamma
     gamma_for = getattr(prof, "gamma_for", None)
