@@ -1,11 +1,13 @@
 """mlcomm: hand-written MPI all-reduce algorithms as verified schedules."""
 
 from .algorithms import ALGORITHMS, COLLECTIVES
-from .api import IN_PLACE, allgather, allreduce, bcast, reduce, reduce_scatter
+from .api import (IN_PLACE, Persistent, allgather, allreduce, allreduce_init, bcast, reduce,
+                  reduce_scatter)
 from .comm import Comm
 
-__all__ = ["ALGORITHMS", "COLLECTIVES", "IN_PLACE", "Comm",
-           "allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "train"]
+__all__ = ["ALGORITHMS", "COLLECTIVES", "IN_PLACE", "Comm", "Persistent",
+           "allreduce", "allreduce_init", "reduce_scatter", "allgather", "bcast", "reduce",
+           "train"]
 
 __version__ = "0.1.0"
 

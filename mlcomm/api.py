@@ -17,7 +17,8 @@ from .executor import (MPI, bind_plan, finalize, is_in_place, native_call, nativ
                        op_name, private_comm, raise_error)
 from .select import auto_choice, requested
 
-__all__ = ["allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "IN_PLACE"]
+__all__ = ["allreduce", "allreduce_init", "Persistent", "reduce_scatter", "allgather", "bcast",
+           "reduce", "IN_PLACE"]
 
 IN_PLACE = MPI.IN_PLACE
 
@@ -156,18 +157,22 @@ def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, opti
                            options)
     out, repeat = _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
                             options)
-    if collective == "reduce" and _comm(comm).Get_rank() != root:
-        result = None
-    elif collective in ("allreduce", "reduce", "bcast"):
-        result = _shaped(out, recvbuf if collective != "bcast" else sendbuf, sendbuf)
-    else:
-        result = out
+    result = _result(collective, out, sendbuf, recvbuf, comm, root)
     if repeat is not None:
         repeat.result = result
         if len(_REPEATS) >= _REPEATS_MAX:
             del _REPEATS[next(iter(_REPEATS))]
         _REPEATS[_repeat_key(sendbuf, recvbuf, algorithm)] = repeat
     return result
+
+
+def _result(collective, out, sendbuf, recvbuf, comm, root):
+    """What the public function returns, given the output array the plan wrote."""
+    if collective == "reduce" and _comm(comm).Get_rank() != root:
+        return None
+    if collective in ("allreduce", "reduce", "bcast"):
+        return _shaped(out, recvbuf if collective != "bcast" else sendbuf, sendbuf)
+    return out
 
 
 def _run_device(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
@@ -203,11 +208,28 @@ def _validating(validate):
 def _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
     """Run the call on host buffers; return the output array and a _Repeat if it may repeat."""
     args = (collective, sendbuf, recvbuf, op, comm, algorithm, root)
-    comm = _comm(comm)
-    p, rank = comm.Get_size(), comm.Get_rank()
     remember = not options and validate is None and not _VALIDATE and (
         type(sendbuf) is np.ndarray or is_in_place(sendbuf)) and (
         type(recvbuf) is np.ndarray or recvbuf is None)
+    out, run, binding, finish = _bind_host(collective, sendbuf, recvbuf, op, comm, algorithm,
+                                           root, validate, options)
+    raise_error(run())
+    if finish is not None:
+        finish()
+    # a result allocated for this call (recvbuf=None) must be a new array next time
+    fresh = recvbuf is None and collective != "bcast" and out is not _no_output(out.dtype)
+    return out, _Repeat(args, run, binding, finish) if remember and not fresh else None
+
+
+def _bind_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
+    """Check the call and bind its plan to host buffers, without running it.
+
+    Returns ``(out, run, binding, finish)``: the output array, ``run()`` (runs the collective,
+    returns None or an MPI error code), the plan's binding (None for ``mpi``) and ``finish``,
+    None or what completes ``out`` after each run (avg's division).
+    """
+    comm = _comm(comm)
+    p, rank = comm.Get_size(), comm.Get_rank()
     validate = _validating(validate)
     signature, error, plan_args = None, None, None
     try:
@@ -235,12 +257,7 @@ def _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
     finish = None
     if opname == "avg" and (collective != "reduce" or rank == root):
         finish = partial(finalize, out, opname, p)
-    raise_error(run())
-    if finish is not None:
-        finish()
-    # a result allocated for this call (recvbuf=None) must be a new array next time
-    fresh = recvbuf is None and collective != "bcast" and out is not _no_output(out.dtype)
-    return out, _Repeat(args, run, binding, finish) if remember and not fresh else None
+    return out, run, binding, finish
 
 
 _OPTIONS_OK: set = set()
@@ -345,6 +362,50 @@ def allreduce(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None, val
     ``options`` are the algorithm's (``servers=``, ``segment_bytes=`` ...).
     """
     return _run("allreduce", sendbuf, recvbuf, op, comm, algorithm, 0, validate, options)
+
+
+def allreduce_init(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None, validate=None,
+                   **options):
+    """Bind an all-reduce to its buffers once, as MPI-4's ``MPI_Allreduce_init``; return a
+    :class:`Persistent` whose every call runs it on what the buffers hold then.
+
+    Collective: every rank of ``comm`` calls it with matching arguments, which are checked
+    here (across ranks too with ``validate``), not on each call.  Host arrays only.
+    """
+    if gpu.is_device_array(sendbuf) or gpu.is_device_array(recvbuf):
+        raise TypeError("allreduce_init takes host arrays; pass device arrays to "
+                        "mlcomm.allreduce, which stages them or hands them to a CUDA-aware MPI")
+    return Persistent("allreduce", sendbuf, recvbuf, op, comm, algorithm, 0, validate, options)
+
+
+class Persistent:
+    """A collective bound to its buffers: calling it runs the collective and returns the result.
+
+    A call skips everything ``mlcomm.allreduce`` does before its plan runs: argument checks,
+    the repeat lookup and its identity checks.  On an oversubscribed node that time is paid
+    several times over, as the partner ranks wait for it.  The buffers must stay the arrays
+    given (not resized, not re-typed) for as long as the handle is used.
+    """
+
+    def __init__(self, collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
+                 options):
+        self._call = (collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options)
+        self._bind()
+
+    def _bind(self):
+        collective, sendbuf, recvbuf, _, comm, _, root, _, _ = self._call
+        out, self._run, self._binding, self._finish = _bind_host(*self._call)
+        self.result = _result(collective, out, sendbuf, recvbuf, comm, root)
+
+    def __call__(self):
+        if self._binding is not None and not self._binding.live:
+            self._bind()  # the plan cache let its plan go: bind a new one (no message)
+        err = self._run()
+        if err:
+            raise_error(err)
+        if self._finish is not None:
+            self._finish()
+        return self.result
 
 
 def reduce_scatter(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None, validate=None,

@@ -333,7 +333,7 @@ def bind_plan(comm, plan, inp, out, op: str) -> _Binding:
     """
     bound = plan.bound
     # the same array objects hold the same memory (the binding's reference pins it)
-    if bound is None or not (bound.inp is inp and bound.out is out) \
+    if bound is None or not bound.live or not (bound.inp is inp and bound.out is out) \
             and bound.key != _buffer_key(inp, out):
         if bound is not None:
             bound.free()

@@ -330,25 +330,26 @@ def test_memory_job_tells_scratch_apart():
     assert ring["retained_vectors"] > 0.4  # the plan cache keeps the scratch
 
 
-def test_profile_large_splits_each_plan_into_transfers_and_reductions(tmp_path):
+def test_profile_parts_splits_each_plan_into_transfers_and_reductions(tmp_path):
     """P = 3: every part is timed beside MPI_Allreduce, after the whole call checked exact sums."""
     from conftest import ROOT
     out = tmp_path / "profile.json"
-    mpirun(3, [ROOT / "bench" / "profile_large.py", "--bytes", "256K", "--rounds", "1",
+    mpirun(3, [ROOT / "bench" / "profile_parts.py", "--bytes", "256K", "--rounds", "1",
                "--per-round", "1", "--algorithms", "ring,recursive_halving_doubling",
                "--out", out], timeout=240)
     rec = json.loads(out.read_text())
     assert rec["ranks"] == 3 and rec["algorithms"] == ["ring", "recursive_halving_doubling"]
     labels = {"mpi", "copy", "sendrecv"} | {f"{a}{part}" for a in rec["algorithms"]
-                                            for part in ("", ":transfers", ":reductions")}
+                                            for part in ("", ":persistent", ":plan", ":transfers",
+                                                         ":reductions")}
     assert set(rec["time_us"]) == labels and all(t > 0 for t in rec["time_us"].values())
 
 
-def test_profile_large_parts_keep_only_messages_or_only_ops():
+def test_profile_parts_parts_keep_only_messages_or_only_ops():
     import importlib.util
     from conftest import ROOT
     from mlcomm.algorithms import ALGORITHMS
-    spec = importlib.util.spec_from_file_location("profile_large", ROOT / "bench" / "profile_large.py")
+    spec = importlib.util.spec_from_file_location("profile_parts", ROOT / "bench" / "profile_parts.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     whole = ALGORITHMS["ring"].build(1, 5, 1000, 4)
@@ -359,8 +360,8 @@ def test_profile_large_parts_keep_only_messages_or_only_ops():
     assert count(transfers, "ops") == 0 and count(reductions, "transfers") == 0
 
 
-def test_profile_large_names_a_bad_algorithm():
+def test_profile_parts_names_a_bad_algorithm():
     from conftest import ROOT
-    proc = mpirun(2, [ROOT / "bench" / "profile_large.py", "--bytes", "64K",
+    proc = mpirun(2, [ROOT / "bench" / "profile_parts.py", "--bytes", "64K",
                       "--algorithms", "mpi"], timeout=120, check=False)
     assert proc.returncode != 0 and "--algorithms: 'mpi' is not a hand-written" in proc.stderr

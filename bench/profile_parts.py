@@ -1,13 +1,17 @@
-"""Where the time goes in a large all-reduce: each algorithm split into its transfers and its
-reductions, timed beside ``MPI_Allreduce`` in the same job.
+"""Where the time of one all-reduce goes: each algorithm whole, its bound plan alone, its
+transfers alone and its reductions alone, timed beside ``MPI_Allreduce`` in the same job.
 
-    mpiexec -n 4 python bench/profile_large.py                 # 16 MiB float32 sum
-    mpiexec -n 2 python bench/profile_large.py --bytes 4M --rounds 21
+    mpiexec -n 4 python bench/profile_parts.py                 # 16 MiB float32 sum
+    mpiexec -n 2 python bench/profile_parts.py --bytes 8 --algorithms recursive_doubling
+    mpiexec -n 2 python bench/profile_parts.py --bytes 4M --rounds 21
 
-For each hand-written algorithm its compiled plan runs three ways, all through the same
+For each hand-written algorithm its compiled plan runs five ways, all through the same
 executor on the same buffers:
 
-- whole: ``mlcomm.allreduce`` (out of place);
+- whole: ``mlcomm.allreduce`` (out of place), the public call;
+- persistent: the handle ``mlcomm.allreduce_init`` returns, called;
+- plan: the same plan bound once and run without the API layer above it (argument checks,
+  the repeat lookup);
 - transfers: the plan with its local ops removed (every message, no arithmetic);
 - reductions: the plan with its messages removed (every reduction and copy, no MPI).
 
@@ -15,7 +19,7 @@ Beside them stand ``MPI_Allreduce`` and two yardsticks: ``copy``, one ``np.copyt
 vector on every rank at once (what memory gives), and ``sendrecv``, one ``MPI_Sendrecv`` of the
 whole vector with a partner (what the MPI transport gives). Every call is timed in the
 interleaved rounds ``mlcomm bench`` uses; a time is the median over rounds, averaged over
-ranks. Rank 0 prints the table and writes ``bench/results/profile_large_p{P}.json``.
+ranks. Rank 0 prints the table and writes ``bench/results/profile_parts_p{P}_{SIZE}.json``.
 """
 
 from __future__ import annotations
@@ -42,9 +46,10 @@ def _parser():
     p.add_argument("--algorithms", default=",".join(DEFAULT_ALGORITHMS),
                    help="comma-separated hand-written algorithms")
     p.add_argument("--rounds", type=positive_int, default=15, help="interleaved rounds")
-    p.add_argument("--per-round", type=positive_int, default=4, help="calls per round")
+    p.add_argument("--per-round", type=positive_int, default=None,
+                   help="calls per round (default: 4, more for small messages)")
     p.add_argument("--out", type=Path, default=None,
-                   help="JSON file (default bench/results/profile_large_p{P}.json)")
+                   help="JSON file (default bench/results/profile_parts_p{P}_{SIZE}.json)")
     return p
 
 
@@ -87,6 +92,8 @@ def calls_for(comm, algorithms, send, recv):
                              f"(choose from {sorted(a for a in ALGORITHMS if ALGORITHMS[a].build)})")
         schedule = ALGORITHMS[name].build(rank, size, send.size, send.itemsize)
         calls[name] = (lambda n: lambda: mlcomm.allreduce(send, recv, comm=comm, algorithm=n))(name)
+        calls[f"{name}:persistent"] = mlcomm.allreduce_init(send, recv, comm=comm, algorithm=name)
+        calls[f"{name}:plan"] = _bound(comm, schedule, send, recv)
         calls[f"{name}:transfers"] = _bound(comm, _stripped(schedule, True), send, recv)
         calls[f"{name}:reductions"] = _bound(comm, _stripped(schedule, False), send, recv)
     return calls
@@ -100,7 +107,10 @@ def profile(comm, args) -> dict | None:
     from mlcomm.benchmark.harness import interleaved
 
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    if args.bytes < 4 or args.bytes % 4:
+        raise ValueError(f"--bytes {args.bytes}: give a positive multiple of 4 (float32)")
     count = args.bytes // 4
+    per_round = args.per_round or min(max(4, (64 << 20) // args.bytes), 2000)
     send = np.full(count, comm.rank + 1, np.float32)
     recv = np.zeros(count, np.float32)
     calls = calls_for(comm, algorithms, send, recv)
@@ -111,44 +121,50 @@ def profile(comm, args) -> dict | None:
             raise RuntimeError(f"{name} gave a wrong sum at {args.bytes} bytes")
     for call in calls.values():  # warm-up: plans bound, pages touched, kernels loaded
         call()
-    medians = interleaved(calls, args.rounds, args.per_round, comm, lambda: None)
+    medians = interleaved(calls, args.rounds, per_round, comm, lambda: None)
     times = {k: comm.allreduce(v, op=MPI.SUM) / comm.size * 1e6 for k, v in medians.items()}
     if comm.rank != 0:
         return None
     return {"ranks": comm.size, "bytes": args.bytes, "dtype": "float32", "op": "sum",
-            "rounds": args.rounds, "per_round": args.per_round,
+            "rounds": args.rounds, "per_round": per_round,
             "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "mpi": MPI.Get_library_version().splitlines()[0].strip(),
-            "command": "mpiexec -n %d python bench/profile_large.py %s"
+            "command": "mpiexec -n %d python bench/profile_parts.py %s"
                        % (comm.size, " ".join(sys.argv[1:])),
             "algorithms": algorithms, "time_us": times}
 
 
 def format_table(rec) -> str:
-    t = times = rec["time_us"]
-    mpi = times["mpi"]
-    lines = [f"# {rec['ranks']} ranks, {rec['bytes'] >> 20} MiB float32 sum; µs per call "
-             f"(median of {rec['rounds']} rounds, mean over ranks) and ratio to MPI_Allreduce",
-             f"{'':36s} {'µs':>9s} {'/ mpi':>7s}"]
-    for name in ("mpi", "copy", "sendrecv"):
-        lines.append(f"{name:36s} {t[name]:9.0f} {t[name] / mpi:7.2f}")
+    from mlcomm.benchmark.harness import format_size
+
+    t = rec["time_us"]
+    rows = [(name, t[name]) for name in ("mpi", "copy", "sendrecv")]
     for name in rec["algorithms"]:
-        parts = t[f"{name}:transfers"] + t[f"{name}:reductions"]
-        for label, value in ((name, t[name]), ("  transfers only", t[f"{name}:transfers"]),
-                             ("  reductions only", t[f"{name}:reductions"]),
-                             ("  transfers + reductions", parts)):
-            lines.append(f"{label:36s} {value:9.0f} {value / mpi:7.2f}")
+        rows += [(name, t[name]), ("  allreduce_init handle", t[f"{name}:persistent"]),
+                 ("  bound plan (no API layer)", t[f"{name}:plan"]),
+                 ("  transfers only", t[f"{name}:transfers"]),
+                 ("  reductions only", t[f"{name}:reductions"]),
+                 ("  transfers + reductions", t[f"{name}:transfers"] + t[f"{name}:reductions"])]
+    size = format_size(rec["bytes"])
+    size = size[:-1] + " " + size[-1] + "iB" if size[-1] in "KMGT" else size + " B"
+    lines = [f"# {rec['ranks']} ranks, {size} float32 sum; µs per call "
+             f"(median of {rec['rounds']} rounds of {rec['per_round']}, mean over ranks) and "
+             f"ratio to MPI_Allreduce", f"{'':36s} {'µs':>10s} {'/ mpi':>7s}"]
+    lines += [f"{label:36s} {value:10.2f} {value / t['mpi']:7.2f}" for label, value in rows]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     from mpi4py import MPI
 
+    from mlcomm.benchmark.harness import format_size
+
     args = _parser().parse_args(argv)
     comm = MPI.COMM_WORLD
     rec = profile(comm, args)
     if rec is not None:
-        out = args.out or HERE / "results" / f"profile_large_p{comm.size}.json"
+        out = args.out or HERE / "results" / \
+            f"profile_parts_p{comm.size}_{format_size(args.bytes)}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(rec, indent=1) + "\n")
         print(format_table(rec), end="")
