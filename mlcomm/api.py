@@ -15,6 +15,7 @@ from .algorithms import AUTO, COLLECTIVES, MPI_NATIVE
 from .device import DeviceVector
 from .executor import (MPI, bind_plan, finalize, is_in_place, native_call, native_dtype_ok,
                        op_name, private_comm, raise_error)
+from .plan import compile_plan
 from .select import auto_choice, requested
 
 __all__ = ["allreduce", "allreduce_init", "Persistent", "reduce_scatter", "allgather", "bcast",
@@ -221,12 +222,14 @@ def _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
     return out, _Repeat(args, run, binding, finish) if remember and not fresh else None
 
 
-def _bind_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
+def _bind_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options,
+               own_plan=False):
     """Check the call and bind its plan to host buffers, without running it.
 
     Returns ``(out, run, binding, finish)``: the output array, ``run()`` (runs the collective,
     returns None or an MPI error code), the plan's binding (None for ``mpi``) and ``finish``,
-    None or what completes ``out`` after each run (avg's division).
+    None or what completes ``out`` after each run (avg's division).  With ``own_plan`` the
+    binding belongs to a copy of the cached plan, which no other call rebinds or evicts.
     """
     comm = _comm(comm)
     p, rank = comm.Get_size(), comm.Get_rank()
@@ -252,6 +255,8 @@ def _bind_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate
         if root:
             options = dict(options, root=root)
         plan = pcomm.plans.get(collective, name, rank, p, count, out.dtype, opname, options)
+        if own_plan:
+            plan = compile_plan(plan.key, plan.schedule)
         binding = bind_plan(pcomm.comm, plan, inp, out, opname)
         run = binding.launch
     finish = None
@@ -394,12 +399,12 @@ class Persistent:
 
     def _bind(self):
         collective, sendbuf, recvbuf, _, comm, _, root, _, _ = self._call
-        out, self._run, self._binding, self._finish = _bind_host(*self._call)
+        out, self._run, self._binding, self._finish = _bind_host(*self._call, own_plan=True)
         self.result = _result(collective, out, sendbuf, recvbuf, comm, root)
 
     def __call__(self):
         if self._binding is not None and not self._binding.live:
-            self._bind()  # the plan cache let its plan go: bind a new one (no message)
+            self._bind()  # its binding was freed: bind a new one (no message)
         err = self._run()
         if err:
             raise_error(err)

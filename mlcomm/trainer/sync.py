@@ -161,6 +161,7 @@ class BSP(_Mode):
         self.buckets[0] = (self.buckets[0][0], n + 2)  # the extras ride in the first bucket sent
         self.algorithm = ctx.cfg.algorithm
         self.comp = ctx.compressor
+        self.bucket_sums = []
         self._warm_up()
 
     def _warm_up(self):
@@ -168,8 +169,13 @@ class BSP(_Mode):
         if self.size == 1:
             return
         if self.comp.name == "none":
-            for lo, hi in self.buckets:
-                allreduce(np.zeros(hi - lo, self.buf.dtype), self.comm, self.algorithm)
+            from mlcomm import allreduce_init
+            # one persistent in-place sum per bucket, bound to its slice of buf once
+            self.bucket_sums = [allreduce_init(MPI.IN_PLACE, self.buf[lo:hi], comm=self.comm,
+                                               algorithm=self.algorithm)
+                                for lo, hi in self.buckets]
+            for bucket_sum in self.bucket_sums:  # buf is zeros here: this only loads kernels
+                bucket_sum()
         elif self.comp.name == "fp16" and self.algorithm != "mpi" and _have_mlcomm():
             allreduce(np.zeros(self.buf.size, np.float16), self.comm, self.algorithm)
 
@@ -183,8 +189,8 @@ class BSP(_Mode):
             self.buf[-2:] = loss, flag
         elif self.comp.name == "none":
             self.buf[-2], self.buf[-1] = loss, flag
-            for lo, hi in self.buckets:
-                allreduce(self.buf[lo:hi], self.comm, self.algorithm)
+            for (lo, hi), bucket_sum in zip(self.buckets, self.bucket_sums):
+                bucket_sum()
                 info.bytes_sent += wire_bytes(self.algorithm, self.size, self.rank, hi - lo,
                                               c.dtype.itemsize)
         elif self.comp.name == "fp16" and self.algorithm != "mpi" and _have_mlcomm():

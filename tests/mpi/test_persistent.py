@@ -44,19 +44,25 @@ def test_avg_divides_on_every_call_and_recvbuf_none_is_owned():
     agree(handle() is out, "recvbuf=None: the handle returns its own array every call")
 
 
-def test_options_and_calls_that_take_its_plan_in_between():
-    """Another call of the same shape binds the shared plan to its own buffers; the handle
-    binds it back on its next call."""
+def test_options_and_other_calls_of_the_same_shape_in_between():
+    """Calls of the same shape on other buffers (another handle, the public call) share the
+    cached plan; the handle keeps its own binding through them."""
     x, y = np.empty(64, np.int32), np.empty(64, np.int32)
     handle = mlcomm.allreduce_init(x, y, algorithm="ring", segment_bytes=32)
     other = np.empty(64, np.int32)
+    twin = mlcomm.allreduce_init(mlcomm.IN_PLACE, other, algorithm="ring", segment_bytes=32)
+    binding = handle._binding
     for trial in range(3):
         x[...] = RANK + trial
         handle()
         agree(np.all(y == P * (P - 1) // 2 + P * trial), f"trial {trial}: {y}")
         other[...] = 1
         mlcomm.allreduce(mlcomm.IN_PLACE, other, algorithm="ring", segment_bytes=32)
-        agree(np.all(other == P), f"the other call, trial {trial}: {other}")
+        agree(np.all(other == P), f"the public call, trial {trial}: {other}")
+        other[...] = 2
+        twin()
+        agree(np.all(other == 2 * P), f"the twin handle, trial {trial}: {other}")
+    agree(handle._binding is binding and binding.live, "the handle was rebound")
     handle._binding.free()  # as the plan cache does when it evicts the plan
     x[...] = 2 * RANK
     handle()
