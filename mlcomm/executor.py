@@ -66,8 +66,7 @@ class _Private:
 
     def free(self):
         for plan in self.plans.plans.values():
-            if plan.bound is not None:
-                plan.bound.free()
+            plan.free_bindings()
         self.plans.plans.clear()
         if not MPI.Is_finalized():
             self.comm.Free()
@@ -96,8 +95,7 @@ def _free_all():
     if MPI.Is_initialized() and not MPI.Is_finalized():
         for private in _ALL:
             for plan in private.plans.plans.values():
-                if plan.bound is not None:
-                    plan.bound.free()
+                plan.free_bindings()
 
 
 def plan_cache(comm) -> PlanCache:
@@ -107,11 +105,12 @@ def plan_cache(comm) -> PlanCache:
 class _Binding:
     """A plan bound to host arrays: sliced views, persistent requests, kernels."""
 
-    def __init__(self, comm, plan, inp, out, op):
+    def __init__(self, comm, plan, inp, out, op, scratch=None):
         self.inp, self.out = inp, out
         self.key = _buffer_key(inp, out)
         self.live = True  # until freed
-        scratch = self._new_scratch(out, plan.schedule.scratch_count)
+        if scratch is None:
+            scratch = self._new_scratch(out, plan.schedule.scratch_count)
         typed = {"input": inp, "output": out, "scratch": scratch}
         view = lambda s: typed[s[0]][s[1]:s[2]]
         message = lambda t: self._message(typed[t[1]][t[2]:t[3]])
@@ -325,20 +324,34 @@ def raise_error(code):
         raise MPI.Exception(code)
 
 
+#: bindings kept per plan, so that calls alternating between a few buffers of one shape
+#: (gradient buckets; in and out of place) stay bound; the host ones share one scratch
+BINDINGS_PER_PLAN = 4
+
+
 def bind_plan(comm, plan, inp, out, op: str) -> _Binding:
     """Return ``plan`` bound to 1-D contiguous ``inp`` and ``out`` (the same array when in place):
     NumPy arrays, or device vectors (:class:`mlcomm.device.DeviceVector`) on a CUDA-aware MPI.
 
-    The binding is kept on the plan; binding the same buffers again reuses it.
+    The plan keeps its last :data:`BINDINGS_PER_PLAN` bindings; binding the same buffers again
+    reuses one.  Calls run one at a time, so the host bindings of a plan share its scratch.
     """
-    bound = plan.bound
-    # the same array objects hold the same memory (the binding's reference pins it)
-    if bound is None or not bound.live or not (bound.inp is inp and bound.out is out) \
-            and bound.key != _buffer_key(inp, out):
-        if bound is not None:
-            bound.free()
-        binding = _DeviceBinding if isinstance(out, DeviceVector) else _Binding
-        plan.bound = bound = binding(comm, plan, inp, out, op)
+    key = _buffer_key(inp, out)
+    bindings = plan.bindings
+    bound = bindings.get(key)
+    if bound is not None and bound.live:
+        bindings.move_to_end(key)
+        return bound
+    if isinstance(out, DeviceVector):
+        bound = _DeviceBinding(comm, plan, inp, out, op)
+    else:
+        shared = next((b.scratch for b in bindings.values() if type(b) is _Binding and b.live),
+                      None)
+        bound = _Binding(comm, plan, inp, out, op, shared)
+    bindings[key] = bound
+    bindings.move_to_end(key)
+    if len(bindings) > BINDINGS_PER_PLAN:
+        bindings.popitem(last=False)[1].free()
     return bound
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .algorithms import COLLECTIVES
 from .schedule import Copy, Schedule, Send
@@ -30,7 +30,13 @@ class Plan:
     #: ops are (is_copy, dst, src, left) with each region as (buffer, start, stop);
     #: a reduce computes dst = left (op) src, and left is dst unless the schedule says otherwise
     steps: list
-    bound: object = None  # the executor's binding to the last buffers used
+    #: the executor's bindings to the buffers used last, oldest first (buffer key -> binding)
+    bindings: OrderedDict = field(default_factory=OrderedDict)
+
+    def free_bindings(self) -> None:
+        for binding in self.bindings.values():
+            binding.free()
+        self.bindings.clear()
 
 
 def _slice(region):
@@ -71,6 +77,5 @@ class PlanCache:
         self.plans[key] = plan
         if len(self.plans) > self.capacity:
             _, old = self.plans.popitem(last=False)
-            if old.bound is not None:
-                old.bound.free()
+            old.free_bindings()
         return plan

@@ -195,8 +195,8 @@ def main():
                         check(label + " recvbuf=None", dev.get(res, dtype), want, dtype, same)
 
     # the path that ran: device bindings only when direct, staging buffers only when staged
-    bindings = [type(plan.bound).__name__
-                for plan in executor.private_comm(comm).plans.plans.values() if plan.bound]
+    bindings = [type(b).__name__ for plan in executor.private_comm(comm).plans.plans.values()
+                for b in plan.bindings.values()]
     device_bindings = bindings.count("_DeviceBinding")
     cases += 1
     if direct and (device_bindings == 0 or staging._cache):

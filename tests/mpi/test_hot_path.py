@@ -163,3 +163,28 @@ def _step_headers(program):
     for _ in range(program[0]):
         yield pc
         pc += compiled._STEP + program[pc + 2] * compiled._OP
+
+
+def test_buffers_of_one_shape_keep_their_bindings_and_share_scratch():
+    """Calls alternating between equal-shaped buffers (gradient buckets) stay bound: each
+    buffer pair keeps its binding on the shared plan, and the host bindings share one scratch."""
+    from mlcomm.executor import BINDINGS_PER_PLAN, plan_cache
+    n = BINDINGS_PER_PLAN + 1
+    xs = [np.arange(50, dtype=np.int64) * (RANK + 1) + k for k in range(n)]
+    ys = [np.empty(50, np.int64) for _ in range(n)]
+    for trial in range(3):
+        for k in range(n - 1):  # within the plan's capacity: bound once, never again
+            mlcomm.allreduce(xs[k], ys[k], algorithm="ring")
+            agree(np.array_equal(ys[k], reference(COMM, xs[k], "sum")), f"buffer {k}")
+        plans = [p for p in plan_cache(COMM).plans.values()
+                 if p.key[:4] == ("allreduce", "ring", P, 50)]
+        agree(len(plans) == 1, "one plan for one shape")
+        bindings = list(plans[0].bindings.values())
+        if trial == 0:
+            first = [id(b) for b in bindings]
+        agree([id(b) for b in bindings] == first, f"trial {trial}: a buffer was bound again")
+        agree(len({id(b.scratch) for b in bindings}) == 1, "host bindings share one scratch")
+    for k in range(n):  # one buffer more than the capacity: the oldest binding goes, all correct
+        mlcomm.allreduce(xs[k], ys[k], algorithm="ring")
+        agree(np.array_equal(ys[k], reference(COMM, xs[k], "sum")), f"buffer {k} past capacity")
+    agree(len(plans[0].bindings) == BINDINGS_PER_PLAN, "the plan keeps its capacity")
