@@ -112,6 +112,15 @@ class _Repeat:
         self.send, self.recv = _layout(self.sendbuf), _layout(self.recvbuf)
         self.result = None  # what the public call returns
 
+    def __call__(self):
+        """Run the bound call again; return what the public call returns."""
+        err = self.run()
+        if err:
+            raise_error(err)
+        if self.finish is not None:
+            self.finish()
+        return self.result
+
     def matches(self, collective, sendbuf, recvbuf, op, comm, algorithm, root) -> bool:
         return (recvbuf is self.recvbuf and sendbuf is self.sendbuf and op is self.op
                 and comm is self.comm and algorithm is self.algorithm
@@ -146,12 +155,7 @@ def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, opti
         repeat = _REPEATS.get(_repeat_key(sendbuf, recvbuf, algorithm))
         if repeat is not None and repeat.matches(collective, sendbuf, recvbuf, op, comm,
                                                  algorithm, root):
-            err = repeat.run()
-            if err:
-                raise_error(err)
-            if repeat.finish is not None:
-                repeat.finish()
-            return repeat.result
+            return repeat()
     if (type(sendbuf) is not np.ndarray and gpu.is_device_array(sendbuf)) or (
             type(recvbuf) is not np.ndarray and gpu.is_device_array(recvbuf)):
         return _run_device(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
@@ -258,6 +262,8 @@ def _bind_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate
         if own_plan:
             plan = compile_plan(plan.key, plan.schedule)
         binding = bind_plan(pcomm.comm, plan, inp, out, opname)
+        if own_plan:
+            pcomm.owned.add(binding)  # freed with the communicator, as the cached plans are
         run = binding.launch
     finish = None
     if opname == "avg" and (collective != "reduce" or rank == root):
@@ -399,18 +405,16 @@ class Persistent:
 
     def _bind(self):
         collective, sendbuf, recvbuf, _, comm, _, root, _, _ = self._call
-        out, self._run, self._binding, self._finish = _bind_host(*self._call, own_plan=True)
-        self.result = _result(collective, out, sendbuf, recvbuf, comm, root)
+        out, run, binding, finish = _bind_host(*self._call, own_plan=True)
+        self._bound = _Repeat(self._call[:7], run, binding, finish)
+        self._bound.result = _result(collective, out, sendbuf, recvbuf, comm, root)
 
     def __call__(self):
-        if self._binding is not None and not self._binding.live:
-            self._bind()  # its binding was freed: bind a new one (no message)
-        err = self._run()
-        if err:
-            raise_error(err)
-        if self._finish is not None:
-            self._finish()
-        return self.result
+        bound = self._bound
+        if bound.binding is not None and not bound.binding.live:
+            self._bind()  # its binding was freed with its communicator or by hand
+            bound = self._bound
+        return bound()
 
 
 def reduce_scatter(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None, validate=None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
+import weakref
 from functools import lru_cache
 
 import numpy as np
@@ -57,16 +58,23 @@ def is_in_place(buf) -> bool:
 
 
 class _Private:
-    """What mlcomm keeps per user communicator: its duplicate, plan cache and auto choices."""
+    """What mlcomm keeps per user communicator: its duplicate, plan cache and auto choices,
+    and the bindings of persistent handles' own plans (outside the cache, freed with it)."""
 
     def __init__(self, comm):
         self.comm = comm.Dup()
         self.plans = PlanCache()
         self.choices = {}
+        self.owned = weakref.WeakSet()
 
-    def free(self):
+    def free_bindings(self):
         for plan in self.plans.plans.values():
             plan.free_bindings()
+        for binding in list(self.owned):
+            binding.free()
+
+    def free(self):
+        self.free_bindings()
         self.plans.plans.clear()
         if not MPI.Is_finalized():
             self.comm.Free()
@@ -94,8 +102,7 @@ def private_comm(comm) -> _Private:
 def _free_all():
     if MPI.Is_initialized() and not MPI.Is_finalized():
         for private in _ALL:
-            for plan in private.plans.plans.values():
-                plan.free_bindings()
+            private.free_bindings()
 
 
 def plan_cache(comm) -> PlanCache:
