@@ -262,8 +262,6 @@ def _bind_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate
         if own_plan:
             plan = compile_plan(plan.key, plan.schedule)
         binding = bind_plan(pcomm.comm, plan, inp, out, opname)
-        if own_plan:
-            pcomm.owned.add(binding)  # freed with the communicator, as the cached plans are
         run = binding.launch
     finish = None
     if opname == "avg" and (collective != "reduce" or rank == root):
@@ -389,32 +387,36 @@ def allreduce_init(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None
     return Persistent("allreduce", sendbuf, recvbuf, op, comm, algorithm, 0, validate, options)
 
 
-class Persistent:
+class Persistent(_Repeat):
     """A collective bound to its buffers: calling it runs the collective and returns the result.
 
     A call skips everything ``mlcomm.allreduce`` does before its plan runs: argument checks,
     the repeat lookup and its identity checks.  On an oversubscribed node that time is paid
     several times over, as the partner ranks wait for it.  The buffers must stay the arrays
-    given (not resized, not re-typed) for as long as the handle is used.
+    given (not resized, not re-typed) for as long as the handle is used.  Its binding is its
+    own (no other call rebinds it) and goes when the communicator is freed.
     """
+
+    __slots__ = ("__weakref__",)
 
     def __init__(self, collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
                  options):
-        self._call = (collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options)
-        self._bind()
+        args = (collective, sendbuf, recvbuf, op, comm, algorithm, root)
+        out, run, binding, finish = _bind_host(*args, validate, options, own_plan=True)
+        super().__init__(args, run, binding, finish)
+        self.result = _result(collective, out, sendbuf, recvbuf, comm, root)
+        private_comm(_comm(comm)).handles.add(self)
 
-    def _bind(self):
-        collective, sendbuf, recvbuf, _, comm, _, root, _, _ = self._call
-        out, run, binding, finish = _bind_host(*self._call, own_plan=True)
-        self._bound = _Repeat(self._call[:7], run, binding, finish)
-        self._bound.result = _result(collective, out, sendbuf, recvbuf, comm, root)
+    def release(self):
+        """Free the binding; a later call raises (the communicator is being freed)."""
+        if self.binding is not None:
+            self.binding.free()
+        self.run = _released
 
-    def __call__(self):
-        bound = self._bound
-        if bound.binding is not None and not bound.binding.live:
-            self._bind()  # its binding was freed with its communicator or by hand
-            bound = self._bound
-        return bound()
+
+def _released():
+    raise ValueError("the communicator of this allreduce_init handle was freed; "
+                     "call mlcomm.allreduce_init again on a live communicator")
 
 
 def reduce_scatter(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None, validate=None,

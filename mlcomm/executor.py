@@ -59,19 +59,19 @@ def is_in_place(buf) -> bool:
 
 class _Private:
     """What mlcomm keeps per user communicator: its duplicate, plan cache and auto choices,
-    and the bindings of persistent handles' own plans (outside the cache, freed with it)."""
+    and its persistent handles (their plans are their own, outside the cache)."""
 
     def __init__(self, comm):
         self.comm = comm.Dup()
         self.plans = PlanCache()
         self.choices = {}
-        self.owned = weakref.WeakSet()
+        self.handles = weakref.WeakSet()
 
     def free_bindings(self):
         for plan in self.plans.plans.values():
             plan.free_bindings()
-        for binding in list(self.owned):
-            binding.free()
+        for handle in list(self.handles):
+            handle.release()
 
     def free(self):
         self.free_bindings()

@@ -51,7 +51,7 @@ def test_options_and_other_calls_of_the_same_shape_in_between():
     handle = mlcomm.allreduce_init(x, y, algorithm="ring", segment_bytes=32)
     other = np.empty(64, np.int32)
     twin = mlcomm.allreduce_init(mlcomm.IN_PLACE, other, algorithm="ring", segment_bytes=32)
-    binding = handle._bound.binding
+    binding = handle.binding
     for trial in range(3):
         x[...] = RANK + trial
         handle()
@@ -62,11 +62,7 @@ def test_options_and_other_calls_of_the_same_shape_in_between():
         other[...] = 2
         twin()
         agree(np.all(other == 2 * P), f"the twin handle, trial {trial}: {other}")
-    agree(handle._bound.binding is binding and binding.live, "the handle was rebound")
-    binding.free()
-    x[...] = 2 * RANK
-    handle()
-    agree(np.all(y == P * (P - 1)), f"after the binding was freed: {y}")
+    agree(handle.binding is binding and binding.live, "the handle was rebound")
 
 
 def test_bad_arguments_fail_at_init_before_any_message():
@@ -87,8 +83,8 @@ def test_freeing_the_communicator_frees_the_handles_binding():
     handle = mlcomm.allreduce_init(mlcomm.IN_PLACE, x, comm=dup, algorithm="recursive_doubling")
     handle()
     agree(np.all(x == P * (P - 1) // 2), f"{x}")
-    binding = handle._bound.binding
+    binding = handle.binding
     dup.Free()  # mlcomm's duplicate goes with it, and so do the handle's requests
     agree(not binding.live, "the handle's binding outlived its communicator")
-    with pytest.raises(ValueError, match="COMM_NULL"):
+    with pytest.raises(ValueError, match="communicator of this allreduce_init handle was freed"):
         handle()
