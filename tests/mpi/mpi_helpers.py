@@ -17,6 +17,12 @@ def agree(ok, message=""):
     assert not ranks, f"failed on ranks {ranks}: {message}"
 
 
+class DeviceLike:
+    """Exposes ``__cuda_array_interface__`` only: checks must refuse it before any CUDA call."""
+    __cuda_array_interface__ = {"shape": (4,), "typestr": "<f8", "data": (0, False),
+                                "version": 3}
+
+
 @pytest.fixture
 def comm():
     return COMM

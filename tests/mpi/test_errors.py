@@ -6,7 +6,7 @@ from mpi4py import MPI
 
 import mlcomm
 
-from mpi_helpers import COMM, agree
+from mpi_helpers import COMM, DeviceLike, agree
 
 pytestmark = pytest.mark.mpi
 P = COMM.Get_size()
@@ -27,15 +27,9 @@ def test_non_contiguous():
         mlcomm.allreduce(np.ones(8)[::2])
 
 
-class _DeviceLike:
-    """Exposes ``__cuda_array_interface__`` only: the check must refuse it before any CUDA call."""
-    __cuda_array_interface__ = {"shape": (4,), "typestr": "<f8", "data": (0, False),
-                                "version": 3}
-
-
 @pytest.mark.parametrize("host_first", [True, False])
 def test_host_and_device_buffers_mixed(host_first):
-    host, dev = np.ones(4), _DeviceLike()
+    host, dev = np.ones(4), DeviceLike()
     args, host_name = ((host, dev), "sendbuf") if host_first else ((dev, host), "recvbuf")
     with pytest.raises(TypeError, match=f"{host_name} is a ndarray but .* is on the device; "
                                         "pass device arrays for both"):

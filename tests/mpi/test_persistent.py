@@ -7,7 +7,7 @@ from mpi4py import MPI
 import mlcomm
 from mlcomm.verify import reference
 
-from mpi_helpers import COMM, agree
+from mpi_helpers import COMM, DeviceLike, agree
 
 pytestmark = pytest.mark.mpi
 P, RANK = COMM.Get_size(), COMM.Get_rank()
@@ -68,11 +68,6 @@ def test_options_and_other_calls_of_the_same_shape_in_between():
 def test_bad_arguments_fail_at_init_before_any_message():
     with pytest.raises(ValueError, match="recvbuf has 3 elements"):
         mlcomm.allreduce_init(np.ones(4), np.ones(3))
-
-    class DeviceLike:
-        __cuda_array_interface__ = {"shape": (4,), "typestr": "<f8", "data": (0, False),
-                                    "version": 3}
-
     with pytest.raises(TypeError, match="allreduce_init takes host arrays"):
         mlcomm.allreduce_init(DeviceLike(), DeviceLike())
 
