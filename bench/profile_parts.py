@@ -6,7 +6,7 @@ transfers alone and its reductions alone, timed beside ``MPI_Allreduce`` in the 
     mpiexec -n 2 python bench/profile_parts.py --bytes 4M --rounds 21
 
 For each hand-written algorithm its compiled plan runs five ways, all through the same
-executor on the same buffers:
+loops on the same buffers:
 
 - whole: ``mlcomm.allreduce`` (out of place), the public call;
 - persistent: the handle ``mlcomm.allreduce_init`` returns, called;
@@ -61,13 +61,12 @@ def _stripped(schedule, keep_transfers):
 
 
 def _bound(comm, schedule, send, recv):
-    """A no-argument call running ``schedule`` through the executor on these buffers."""
-    from mlcomm.executor import bind_plan, private_comm
-    from mlcomm.plan import compile_plan
+    """A no-argument call running ``schedule`` through the real loops on these buffers."""
+    from mlcomm import session
+    from mlcomm.plan import plan_for_schedule
 
-    plan = compile_plan(("profile",), schedule)
-    binding = bind_plan(private_comm(comm).comm, plan, send, recv, "sum")
-    return binding.run
+    plan = plan_for_schedule(schedule, send.dtype, "sum")
+    return session.get(comm).own_binding(plan, send, recv).run
 
 
 def calls_for(comm, algorithms, send, recv):
@@ -75,8 +74,8 @@ def calls_for(comm, algorithms, send, recv):
     import numpy as np
     from mpi4py import MPI
 
-    import mlcomm
     from mlcomm.algorithms import ALGORITHMS
+    from mlcomm.api import allreduce, allreduce_init
 
     rank, size = comm.rank, comm.size
     partner = rank ^ 1 if (rank ^ 1) < size else rank
@@ -91,8 +90,8 @@ def calls_for(comm, algorithms, send, recv):
             raise ValueError(f"--algorithms: {name!r} is not a hand-written all-reduce "
                              f"(choose from {sorted(a for a in ALGORITHMS if ALGORITHMS[a].build)})")
         schedule = ALGORITHMS[name].build(rank, size, send.size, send.itemsize)
-        calls[name] = (lambda n: lambda: mlcomm.allreduce(send, recv, comm=comm, algorithm=n))(name)
-        calls[f"{name}:persistent"] = mlcomm.allreduce_init(send, recv, comm=comm, algorithm=name)
+        calls[name] = (lambda n: lambda: allreduce(send, recv, comm=comm, algorithm=n))(name)
+        calls[f"{name}:persistent"] = allreduce_init(send, recv, comm=comm, algorithm=name)
         calls[f"{name}:plan"] = _bound(comm, schedule, send, recv)
         calls[f"{name}:transfers"] = _bound(comm, _stripped(schedule, True), send, recv)
         calls[f"{name}:reductions"] = _bound(comm, _stripped(schedule, False), send, recv)

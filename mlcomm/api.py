@@ -9,19 +9,24 @@ import os
 from functools import lru_cache, partial
 
 import numpy as np
+from mpi4py import MPI
 
 from . import device, gpu, kernels, staging
 from .algorithms import AUTO, COLLECTIVES, MPI_NATIVE
 from .device import DeviceVector
-from .executor import (MPI, bind_plan, finalize, is_in_place, native_call, native_dtype_ok,
-                       op_name, private_comm, raise_error)
-from .plan import compile_plan
 from .select import auto_choice, requested
+from .session import SLOTS, Slot, remembers, slot_key
+from .session import get as session_of
+from .transport.mpi import native_call, native_dtype_ok, op_name
 
 __all__ = ["allreduce", "allreduce_init", "Persistent", "reduce_scatter", "allgather", "bcast",
            "reduce", "IN_PLACE"]
 
 IN_PLACE = MPI.IN_PLACE
+
+
+def is_in_place(buf) -> bool:
+    return buf is MPI.IN_PLACE
 
 
 def _comm(comm):
@@ -91,89 +96,24 @@ def _validate_across_ranks(pcomm, signature, error):
 _VALIDATE = os.environ.get("MLCOMM_VALIDATE") == "1"
 
 
-class _Repeat:
-    """A call seen before, bound to its buffers: a repeat skips validation and planning.
-
-    A repeat is the same objects again (``is``, as NCCL's and Horovod's caches key on
-    buffers): the collective, both buffers, op, comm, algorithm and root.  What can change
-    in place is checked too: an array's dtype and size (``resize`` moves its data; a new
-    shape of the same size does not) and whether the plan binding is still live.  Holding
-    the buffers keeps their ids, the cache key, theirs.
-    """
-
-    __slots__ = ("algorithm", "binding", "collective", "comm", "finish", "op", "recv",
-                 "recvbuf", "result", "root", "run", "send", "sendbuf")
-
-    def __init__(self, args, run, binding, finish):
-        (self.collective, self.sendbuf, self.recvbuf, self.op, self.comm, self.algorithm,
-         self.root) = args
-        self.run = run  # returns None or an MPI error code
-        self.binding, self.finish = binding, finish
-        self.send, self.recv = _layout(self.sendbuf), _layout(self.recvbuf)
-        self.result = None  # what the public call returns
-
-    def __call__(self):
-        """Run the bound call again; return what the public call returns."""
-        err = self.run()
-        if err:
-            raise_error(err)
-        if self.finish is not None:
-            self.finish()
-        return self.result
-
-    def matches(self, collective, sendbuf, recvbuf, op, comm, algorithm, root) -> bool:
-        return (recvbuf is self.recvbuf and sendbuf is self.sendbuf and op is self.op
-                and comm is self.comm and algorithm is self.algorithm
-                and collective is self.collective and root == self.root
-                and (self.send is None or sendbuf.dtype is self.send[0]
-                     and sendbuf.size == self.send[1])
-                and (self.recv is None or recvbuf.dtype is self.recv[0]
-                     and recvbuf.size == self.recv[1])
-                and (self.binding is None or self.binding.live))
-
-
-def _layout(buf):
-    return (buf.dtype, buf.size) if type(buf) is np.ndarray else None
-
-
-_REPEATS: dict = {}
-_REPEATS_MAX = 32
-
-
-def _repeat_key(sendbuf, recvbuf, algorithm):
-    """The output buffer's id (bcast has only ``sendbuf``) plus the algorithm's: ints add
-    and hash faster than a tuple.  Calls that alternate algorithms on one buffer (as the
-    benchmark does) keep a slot each; calls that write one output from several inputs
-    take turns in theirs, as their plans take turns in the plan's binding.
-    """
-    return id(sendbuf if recvbuf is None else recvbuf) + id(algorithm)
-
-
 def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
     """Run one collective call; return what the public function returns."""
     if validate is None and not options and not _VALIDATE:
-        repeat = _REPEATS.get(_repeat_key(sendbuf, recvbuf, algorithm))
-        if repeat is not None and repeat.matches(collective, sendbuf, recvbuf, op, comm,
-                                                 algorithm, root):
-            return repeat()
+        slot = SLOTS.get(slot_key(sendbuf, recvbuf, algorithm))
+        if slot is not None and slot.matches(collective, sendbuf, recvbuf, op, comm, algorithm,
+                                             root):
+            return slot()
     if (type(sendbuf) is not np.ndarray and gpu.is_device_array(sendbuf)) or (
             type(recvbuf) is not np.ndarray and gpu.is_device_array(recvbuf)):
         return _run_device(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
                            options)
-    out, repeat = _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
-                            options)
-    result = _result(collective, out, sendbuf, recvbuf, comm, root)
-    if repeat is not None:
-        repeat.result = result
-        if len(_REPEATS) >= _REPEATS_MAX:
-            del _REPEATS[next(iter(_REPEATS))]
-        _REPEATS[_repeat_key(sendbuf, recvbuf, algorithm)] = repeat
-    return result
+    return _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
+                     options)[0]
 
 
-def _result(collective, out, sendbuf, recvbuf, comm, root):
+def _result(collective, out, sendbuf, recvbuf, rank, root):
     """What the public function returns, given the output array the plan wrote."""
-    if collective == "reduce" and _comm(comm).Get_rank() != root:
+    if collective == "reduce" and rank != root:
         return None
     if collective in ("allreduce", "reduce", "bcast"):
         return _shaped(out, recvbuf if collective != "bcast" else sendbuf, sendbuf)
@@ -192,12 +132,13 @@ def _run_device(collective, sendbuf, recvbuf, op, comm, algorithm, root, validat
         bufs = device.UserBuffers(sendbuf, recvbuf, dtype=dtype, stream=stream)
     except (TypeError, ValueError) as exc:
         if _validating(validate):  # the other ranks wait in the check across ranks: fail them too
-            _validate_across_ranks(private_comm(_comm(comm)).comm, None, exc)
+            _validate_across_ranks(session_of(_comm(comm)).comm, None, exc)
         raise
     has_result = collective != "reduce" or _comm(comm).Get_rank() == root
     if gpu.cuda_aware():
         send, recv, result = device.direct(bufs)
-        out, _ = _run_host(collective, send, recv, op, comm, algorithm, root, validate, options)
+        out = _run_host(collective, send, recv, op, comm, algorithm, root, validate,
+                        options)[1]
         return result(out) if has_result else None
     run_host = lambda host_send, host_recv: _run_host(collective, host_send, host_recv, op, comm,
                                                       algorithm, root, validate, options)[0]
@@ -211,86 +152,124 @@ def _validating(validate):
 
 
 def _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
-    """Run the call on host buffers; return the output array and a _Repeat if it may repeat."""
+    """Run the call on host buffers (or device vectors); return ``(result, output array)``.
+
+    A call that may repeat leaves a slot in its session, which the next identical call runs.
+    """
     args = (collective, sendbuf, recvbuf, op, comm, algorithm, root)
     remember = not options and validate is None and not _VALIDATE and (
         type(sendbuf) is np.ndarray or is_in_place(sendbuf)) and (
         type(recvbuf) is np.ndarray or recvbuf is None)
-    out, run, binding, finish = _bind_host(collective, sendbuf, recvbuf, op, comm, algorithm,
-                                           root, validate, options)
-    raise_error(run())
+    session, out, run, binding, finish = _bind_host(*args, validate, options)
+    run()
     if finish is not None:
         finish()
-    # a result allocated for this call (recvbuf=None) must be a new array next time
-    fresh = recvbuf is None and collective != "bcast" and out is not _no_output(out.dtype)
-    return out, _Repeat(args, run, binding, finish) if remember and not fresh else None
+    result = _result(collective, out, sendbuf, recvbuf, session.rank, root)
+    if remember and remembers(result, sendbuf, recvbuf):
+        session.remember(slot_key(sendbuf, recvbuf, algorithm),
+                         Slot(session, args, run, binding, finish, result))
+    return result, out
 
 
 def _bind_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options,
-               own_plan=False):
+               own=False):
     """Check the call and bind its plan to host buffers, without running it.
 
-    Returns ``(out, run, binding, finish)``: the output array, ``run()`` (runs the collective,
-    returns None or an MPI error code), the plan's binding (None for ``mpi``) and ``finish``,
-    None or what completes ``out`` after each run (avg's division).  With ``own_plan`` the
-    binding belongs to a copy of the cached plan, which no other call rebinds or evicts.
+    Returns ``(session, out, run, binding, finish)``: the output array, ``run()`` (runs the
+    collective), the plan's binding (None for ``mpi``) and ``finish``, None or what
+    completes ``out`` after each run (avg's division). ``own`` gives a binding outside the
+    session's cache (a persistent handle's).
     """
     comm = _comm(comm)
-    p, rank = comm.Get_size(), comm.Get_rank()
+    session = session_of(comm)
+    p, rank = session.size, session.rank
     validate = _validating(validate)
     signature, error, plan_args = None, None, None
     try:
-        plan_args = _prepare(collective, sendbuf, recvbuf, op, p, rank, algorithm, root, options)
-        inp, out, count, opname, name, options = plan_args
+        plan_args = _prepare(collective, sendbuf, recvbuf, op, p, rank, algorithm, root, options,
+                             session.default_algorithm)
+        inp, out, count, opname, name, options, alias = plan_args
         signature = (collective, name, count, out.dtype.str, opname, root, sorted(options.items()))
     except (TypeError, ValueError) as exc:
         if not validate:
             raise
         error = exc
-    pcomm = private_comm(comm)
     if validate:
-        _validate_across_ranks(pcomm.comm, signature, error)
-    inp, out, count, opname, name, options = plan_args
+        _validate_across_ranks(session.comm, signature, error)
+    inp, out, count, opname, name, options, alias = plan_args
     if name == AUTO:
-        name = _auto(pcomm, collective, p, count, out.dtype)
+        name = _auto(session, collective, p, count, out.dtype)
     if name == MPI_NATIVE:
-        run, binding = partial(native_call, collective, pcomm.comm, inp, out, opname, root), None
+        run, binding = partial(native_call, collective, session.comm, inp, out, opname, root,
+                               overlap=_overlap, copy=_copy, buffer=_native_buffer), None
     else:
         if root:
             options = dict(options, root=root)
-        plan = pcomm.plans.get(collective, name, rank, p, count, out.dtype, opname, options)
-        if own_plan:
-            plan = compile_plan(plan.key, plan.schedule)
-        binding = bind_plan(pcomm.comm, plan, inp, out, opname)
-        run = binding.launch
+        plan = session.plan(collective, name, count, out.dtype, opname, options, alias)
+        binding = session.own_binding(plan, inp, out) if own else \
+            session.bind(plan, inp, out)
+        run = binding.run
     finish = None
     if opname == "avg" and (collective != "reduce" or rank == root):
-        finish = partial(finalize, out, opname, p)
-    return out, run, binding, finish
+        finish = partial(_finalize, out, opname, p)
+    return session, out, run, binding, finish
+
+
+def _finalize(out, op, nranks):
+    """Turn a sum into the average for op avg (every other op is left as is)."""
+    if isinstance(out, DeviceVector):
+        kernels.finalize(out.raw, op, nranks, stream=out.stream, dtype=out.dtype)
+        out.synchronize()
+    else:
+        kernels.finalize(out, op, nranks)
+
+
+def _overlap(a, b):
+    return a.overlaps(b) if isinstance(a, DeviceVector) else np.may_share_memory(a, b)
+
+
+def _copy(dst, src):
+    if isinstance(dst, DeviceVector):
+        dst.copy_from(src)
+        dst.synchronize()
+    else:
+        dst[...] = src
+
+
+def _native_buffer(buf):
+    """A NumPy array as it is; a device vector as [device array, its dtype's type code]."""
+    if isinstance(buf, DeviceVector):
+        return [buf.raw, buf.dtype.char]
+    return buf
 
 
 _OPTIONS_OK: set = set()
 
 
-def _auto(pcomm, collective, p, count, dtype):
-    """Rank 0's choice, broadcast once per new shape so that every rank runs the same schedule."""
+def _auto(session, collective, p, count, dtype):
+    """Rank 0's choice, agreed once per new shape so that every rank runs the same schedule."""
     key = (collective, count, dtype.str)
-    name = pcomm.choices.get(key)
+    name = session.choices.get(key)
     if name is None:
         mine = auto_choice(collective, p, count * dtype.itemsize, itemsize=dtype.itemsize) \
-            if pcomm.comm.Get_rank() == 0 else None
-        name = pcomm.comm.bcast(mine, root=0)
-        pcomm.choices[key] = name
+            if session.rank == 0 else None
+        name = session.choices[key] = session.agree(mine)
     return name
 
 
-def _prepare(collective, sendbuf, recvbuf, op, p, rank, algorithm, root, options):
-    """Check every argument locally and return the arrays the plan runs on."""
-    name = requested(algorithm, collective)
+def _prepare(collective, sendbuf, recvbuf, op, p, rank, algorithm, root, options, default=None):
+    """Check every argument locally and return the arrays the plan runs on.
+
+    Returns ``(inp, out, count, op, algorithm, options, alias)``; ``alias`` is where the
+    input starts within the output, in elements, when they share memory (in place).
+    ``default`` is the session's ``MLCOMM_ALGORITHM``.
+    """
+    name = requested(algorithm, collective, default)
     opname = op_name(op) if collective not in ("allgather", "bcast") else "sum"
     if collective in ("bcast", "reduce") and not (isinstance(root, int) and 0 <= root < p):
         raise ValueError(f"root={root!r} is not a rank of this {p}-rank communicator")
     in_place = is_in_place(sendbuf)
+    alias = 0
     if collective == "bcast":
         out = _array(sendbuf, "buf", writable=True)
         inp, count = out, out.size
@@ -310,7 +289,7 @@ def _prepare(collective, sendbuf, recvbuf, op, p, rank, algorithm, root, options
                 raise ValueError(f"in-place allgather: recvbuf has {out.size} elements, "
                                  f"not a multiple of the {p} ranks")
             n = out.size // p
-            inp = out[rank * n:(rank + 1) * n]
+            inp, alias = out[rank * n:(rank + 1) * n], rank * n
         count = inp.size if collective != "reduce_scatter" else out.size
     else:
         inp = _array(sendbuf, "sendbuf")
@@ -335,6 +314,7 @@ def _prepare(collective, sendbuf, recvbuf, op, p, rank, algorithm, root, options
             raise TypeError(f"recvbuf dtype {out.dtype} differs from sendbuf dtype {inp.dtype}; "
                             f"use the same dtype for both")
         count = want if collective == "reduce_scatter" else inp.size
+        alias = _alias(collective, inp, out)
     if collective not in ("allgather", "bcast"):
         kernels.check_op(out.dtype, opname)
     if name == MPI_NATIVE and not native_dtype_ok(out.dtype):
@@ -346,7 +326,21 @@ def _prepare(collective, sendbuf, recvbuf, op, p, rank, algorithm, root, options
         if key not in _OPTIONS_OK:  # an empty build checks the option values once
             COLLECTIVES[collective][name].build(rank, p, 0, out.dtype.itemsize, **options)
             _OPTIONS_OK.add(key)
-    return inp, out, count, opname, name, options
+    return inp, out, count, opname, name, options, alias
+
+
+def _alias(collective, inp, out):
+    """None for disjoint buffers; 0 for the same elements passed twice to an all-reduce or
+    reduce (which is in place); a ValueError for any other overlap, as MPI forbids it."""
+    if not inp.size or not out.size or not _overlap(inp, out):
+        return None
+    start = (lambda v: v.ptr) if isinstance(out, DeviceVector) else \
+        (lambda a: a.__array_interface__["data"][0])
+    if collective in ("allreduce", "reduce") and start(inp) == start(out) and \
+            inp.size == out.size:
+        return 0
+    raise ValueError("sendbuf and recvbuf overlap; to work in place pass "
+                     "sendbuf=mlcomm.IN_PLACE and the data as recvbuf")
 
 
 @lru_cache(maxsize=None)
@@ -387,25 +381,28 @@ def allreduce_init(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None
     return Persistent("allreduce", sendbuf, recvbuf, op, comm, algorithm, 0, validate, options)
 
 
-class Persistent(_Repeat):
+class Persistent(Slot):
     """A collective bound to its buffers: calling it runs the collective and returns the result.
 
     A call skips everything ``mlcomm.allreduce`` does before its plan runs: argument checks,
     the repeat lookup and its identity checks.  On an oversubscribed node that time is paid
     several times over, as the partner ranks wait for it.  The buffers must stay the arrays
-    given (not resized, not re-typed) for as long as the handle is used.  Its binding is its
-    own (no other call rebinds it) and goes when the communicator is freed.
+    given (not resized, not re-typed) for as long as the handle is used; the handle keeps
+    them alive.  Its binding is its own (no other call rebinds it) and goes when the
+    communicator is freed.
     """
 
-    __slots__ = ("__weakref__",)
+    __slots__ = ("buffers",)
 
     def __init__(self, collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
                  options):
         args = (collective, sendbuf, recvbuf, op, comm, algorithm, root)
-        out, run, binding, finish = _bind_host(*args, validate, options, own_plan=True)
-        super().__init__(args, run, binding, finish)
-        self.result = _result(collective, out, sendbuf, recvbuf, comm, root)
-        private_comm(_comm(comm)).handles.add(self)
+        session, out, run, binding, finish = _bind_host(*args, validate, options, own=True)
+        result = _result(collective, out, sendbuf, recvbuf, session.rank, root)
+        super().__init__(session, args, run, binding, finish, result)
+        self.buffers = (sendbuf, recvbuf, out)
+        self.result = lambda: result  # the handle owns its buffers
+        session.handles.add(self)
 
     def release(self):
         """Free the binding; a later call raises (the communicator is being freed)."""

@@ -12,7 +12,7 @@ from mpi4py import MPI
 from mpi4py.util import dtlib
 
 from . import api, gpu, kernels
-from .executor import op_name
+from .transport.mpi import op_name
 
 __all__ = ["Comm"]
 

@@ -124,7 +124,7 @@ def _probe():
         return "no", f"{vendor}: MPIR_CVAR_ENABLE_GPU={env_gpu} disables GPU support"
     lib = libmpi.library()
     if lib is None:
-        return "unknown", f"{vendor}: libmpi not found to query"
+        return "unknown", f"{vendor}: the MPI library is unreachable to query"
     query = getattr(lib, "MPIX_GPU_query_support", None) if family == "MPICH" else None
     if query is not None:
         flag = ctypes.c_int(0)

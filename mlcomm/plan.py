@@ -1,81 +1,64 @@
-"""Plans: a schedule compiled for one buffer layout, cached by its key.
+"""Plans: one rank's schedule for one call layout, lowered once. Immutable data.
 
-Compiling turns regions into ``(buffer, start, stop)`` element slices once, so
-a repeated call does no planning and no index arithmetic.  Binding those
-slices to real arrays (and MPI requests) is the executor's job.
+A plan is what a call of one shape needs before it meets real memory: the schedule, and its
+program (:mod:`mlcomm.program`) lowered for the layout (count, dtype, op, and where the
+input lies in the output when in place). Binding a plan to buffers and transports is
+:mod:`mlcomm.binding`'s job; keeping plans per communicator is :mod:`mlcomm.session`'s.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import numpy as np
 
 from .algorithms import COLLECTIVES
-from .schedule import Copy, Schedule, Send
+from .program import Program, lower
+from .schedule import Schedule
 
-__all__ = ["Plan", "PlanCache", "compile_plan"]
-
-log = logging.getLogger("mlcomm")
+__all__ = ["Plan", "make_plan", "plan_for_schedule", "plan_key"]
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class Plan:
-    """One rank's compiled schedule for one (algorithm, count, dtype, op, options)."""
+    """One rank's lowered schedule for one (collective, algorithm, count, dtype, op, options,
+    alias)."""
 
     key: tuple
+    collective: str
+    algorithm: str
+    count: int
+    dtype: np.dtype
+    op: str
     schedule: Schedule
-    #: per step: (sends, recvs, ops); sends/recvs are (peer, buffer, start, stop),
-    #: ops are (is_copy, dst, src, left) with each region as (buffer, start, stop);
-    #: a reduce computes dst = left (op) src, and left is dst unless the schedule says otherwise
-    steps: list
-    #: the executor's bindings to the buffers used last, oldest first (buffer key -> binding)
-    bindings: OrderedDict = field(default_factory=OrderedDict)
+    program: Program
 
-    def free_bindings(self) -> None:
-        for binding in self.bindings.values():
-            binding.free()
-        self.bindings.clear()
+    def describe(self) -> str:
+        """The call in words, for messages: ``allreduce (ring, 10 x float32)``."""
+        return f"{self.collective} ({self.algorithm}, {self.count} x {self.dtype})"
 
 
-def _slice(region):
-    return (region.buffer, region.offset, region.stop)
+def plan_key(collective, algorithm, size, count, dtype, op, options, alias) -> tuple:
+    return (collective, algorithm, size, count, np.dtype(dtype), op,
+            tuple(sorted(options.items())), alias)
 
 
-def compile_plan(key, schedule: Schedule) -> Plan:
-    steps = []
-    for step in schedule.steps:
-        sends = [(t.peer, *_slice(t.region)) for t in step.transfers if isinstance(t, Send)]
-        recvs = [(t.peer, *_slice(t.region)) for t in step.transfers if not isinstance(t, Send)]
-        ops = [(True, _slice(op.dst), _slice(op.src), _slice(op.dst)) if isinstance(op, Copy)
-               else (False, _slice(op.dst), _slice(op.src), _slice(op.first)) for op in step.ops]
-        steps.append((sends, recvs, ops))
-    return Plan(key, schedule, steps)
+def make_plan(collective, algorithm, rank, size, count, dtype, op, options, alias=None) -> Plan:
+    """Build ``algorithm``'s schedule for this rank and lower it for the layout."""
+    dtype = np.dtype(dtype)
+    schedule = COLLECTIVES[collective][algorithm].build(rank, size, count, dtype.itemsize,
+                                                        **options)
+    return plan_for_schedule(schedule, dtype, op, collective=collective, algorithm=algorithm,
+                             count=count, options=options, alias=alias)
 
 
-class PlanCache:
-    """An LRU of plans; one lives on each communicator mlcomm uses."""
-
-    def __init__(self, capacity: int = 64):
-        self.capacity = capacity
-        self.plans: OrderedDict = OrderedDict()
-        self.misses = 0
-
-    def get(self, collective, algorithm, rank, size, count, dtype, op, options) -> Plan:
-        key = (collective, algorithm, size, count, dtype.str, op, tuple(sorted(options.items())))
-        plan = self.plans.get(key)
-        if plan is not None:
-            self.plans.move_to_end(key)
-            return plan
-        self.misses += 1
-        algo = COLLECTIVES[collective][algorithm]
-        plan = compile_plan(key, algo.build(rank, size, count, dtype.itemsize, **options))
-        if os.environ.get("MLCOMM_DEBUG") == "1" and rank == 0:
-            log.warning("mlcomm: new plan %s -> %d steps, %d scratch elements",
-                        key, len(plan.steps), plan.schedule.scratch_count)
-        self.plans[key] = plan
-        if len(self.plans) > self.capacity:
-            _, old = self.plans.popitem(last=False)
-            old.free_bindings()
-        return plan
+def plan_for_schedule(schedule: Schedule, dtype, op="sum", *, collective="allreduce",
+                      algorithm="custom", count=None, options=None, alias=None) -> Plan:
+    """A plan for any schedule (one rank's): how benchmarks and tools run schedules of their
+    own, e.g. an algorithm with its local ops stripped, through the real loops."""
+    dtype = np.dtype(dtype)
+    count = schedule.output_count if count is None else count
+    options = options or {}
+    return Plan(plan_key(collective, algorithm, schedule.size, count, dtype, op, options, alias),
+                collective, algorithm, count, dtype, op, schedule,
+                lower(schedule, dtype.itemsize, alias))

@@ -21,14 +21,14 @@ log = logging.getLogger("mlcomm")
 __all__ = ["requested", "auto_choice", "explain", "predict"]
 
 
-#: MLCOMM_ALGORITHM, the default for calls that name none (read once, at import)
-_ENV_ALGORITHM = os.environ.get("MLCOMM_ALGORITHM") or AUTO
+def requested(algorithm, collective: str, default=None) -> str:
+    """The canonical name asked for (maybe ``auto``); raise ValueError for unknown names.
 
-
-def requested(algorithm, collective: str) -> str:
-    """The canonical name asked for (maybe ``auto``); raise ValueError for unknown names."""
+    ``default`` (the communicator's agreed ``MLCOMM_ALGORITHM``) applies when ``algorithm``
+    is None; ``auto`` when that is None too.
+    """
     if algorithm is None:
-        algorithm = _ENV_ALGORITHM
+        algorithm = default or AUTO
     if collective != "allreduce" and algorithm == AUTO:
         return AUTO
     return resolve(algorithm, collective)

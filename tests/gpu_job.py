@@ -32,7 +32,8 @@ import numpy as np
 from mpi4py import MPI
 
 import mlcomm
-from mlcomm import COLLECTIVES, api, executor, gpu, kernels, staging
+from mlcomm import COLLECTIVES, api, gpu, kernels, session, staging
+from mlcomm.binding import DeviceMemory
 from mlcomm.cli import abort_on_error
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -195,9 +196,8 @@ def main():
                         check(label + " recvbuf=None", dev.get(res, dtype), want, dtype, same)
 
     # the path that ran: device bindings only when direct, staging buffers only when staged
-    bindings = [type(b).__name__ for plan in executor.private_comm(comm).plans.plans.values()
-                for b in plan.bindings.values()]
-    device_bindings = bindings.count("_DeviceBinding")
+    device_bindings = sum(1 for b in session.get(comm).bindings()
+                          if isinstance(b.loop.memory if not b.compiled else None, DeviceMemory))
     cases += 1
     if direct and (device_bindings == 0 or staging._cache):
         failures.append(f"rank {rank}: direct path expected, but {device_bindings} device "

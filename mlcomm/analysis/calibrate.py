@@ -118,15 +118,15 @@ def measure_gamma(nbytes: int = 1 << 22, *, dtypes=GAMMA_DTYPES, ops=GAMMA_OPS,
 
 
 def measure_overheads(comm, alpha: float, *, calls: int = 2000) -> tuple[float, float]:
-    """Time what mlcomm's executor adds per schedule step and per local op (seconds).
+    """Time what mlcomm's loop adds per schedule step and per local op (seconds).
 
-    A bound 2-element-per-rank ring plan runs ``calls`` times on ``comm``; what is left
-    after ``alpha`` per step and the measured per-op time is the per-step overhead.  The
-    compiled executor runs its ops in machine code, so their overhead counts as nil.
+    A 2-element-per-rank ring plan, bound once, runs ``calls`` times on ``comm``; what is
+    left after ``alpha`` per step and the measured per-op time is the per-step overhead.
+    The compiled loop runs its ops in machine code, so their overhead counts as nil.
     """
     import time
 
-    from ..executor import bind_plan, private_comm
+    from .. import session
     from ..kernels import kernel_for
     a, b = np.ones(1), np.ones(1)
     fn = kernel_for(a, b, "sum")
@@ -135,22 +135,23 @@ def measure_overheads(comm, alpha: float, *, calls: int = 2000) -> tuple[float, 
         fn(a, b)
         np.copyto(a, b)
     op_cost = (time.perf_counter() - start) / (2 * calls)
-    private = private_comm(comm)
+    s = session.get(comm)
     p = comm.Get_size()
     x, y = np.ones(2 * p), np.empty(2 * p)
-    plan = private.plans.get("allreduce", "ring", comm.Get_rank(), p, 2 * p, x.dtype, "sum", {})
-    steps = len(plan.steps)
-    ops = sum(len(step[2]) for step in plan.steps)
-    bound = bind_plan(private.comm, plan, x, y, "sum")
-    if bound.program is not None:
+    plan = s.plan("allreduce", "ring", 2 * p, x.dtype, "sum", {})
+    steps = len(plan.schedule.steps)
+    ops = sum(len(step.ops) for step in plan.schedule.steps)
+    bound = s.own_binding(plan, x, y)
+    if bound.compiled:
         op_cost = 0.0
     for _ in range(50):
         bound.run()
     comm.Barrier()
     start = time.perf_counter()
     for _ in range(calls):
-        bind_plan(private.comm, plan, x, y, "sum").run()
+        bound.run()
     per_call = comm.allreduce(time.perf_counter() - start, op=_max()) / calls
+    bound.free()
     step_cost = max(0.0, (per_call - ops * op_cost) / steps - alpha)
     return step_cost, op_cost
 

@@ -175,19 +175,19 @@ def test_library_messages_never_meet_user_messages():
 
 
 def test_plans_are_cached():
-    from mlcomm.executor import plan_cache
+    from mlcomm import session
     x = np.ones(123)
     mlcomm.allreduce(x, algorithm="ring")
-    cache = plan_cache(COMM)
-    misses = cache.misses
+    s = session.get(COMM)
+    misses = s.plan_misses
     for _ in range(5):
         mlcomm.allreduce(x, algorithm="ring")
-    agree(cache.misses == misses, "a repeated call planned again")
+    agree(s.plan_misses == misses, "a repeated call planned again")
 
 
 def test_repeated_reduce_and_reduce_scatter_stay_bound():
     """No per-call output allocation or copy: the plan's binding survives repeated calls."""
-    from mlcomm.executor import plan_cache
+    from mlcomm import session
     x = np.arange(4 * P, dtype=np.int64) + RANK
     result = np.empty_like(x) if RANK == 0 else None  # recvbuf=None would be a new array each call
     mlcomm.reduce(x, result, root=0, algorithm="binary_tree")
@@ -195,11 +195,11 @@ def test_repeated_reduce_and_reduce_scatter_stay_bound():
     mlcomm.reduce_scatter(mlcomm.IN_PLACE, buf, algorithm="ring")
     agree(np.array_equal(buf[:4], (np.arange(4 * P)[RANK * 4:RANK * 4 + 4] * P
                                    + P * (P - 1) // 2)), "in-place reduce_scatter")
-    bound = {id(b) for p in plan_cache(COMM).plans.values() for b in p.bindings.values()}
+    bound = {id(b) for b in session.get(COMM).bindings()}
     for _ in range(3):
         red = mlcomm.reduce(x, result, root=0, algorithm="binary_tree")
         agree(RANK != 0 or np.array_equal(red, np.arange(4 * P) * P + P * (P - 1) // 2), "reduce")
         buf[:] = x
         mlcomm.reduce_scatter(mlcomm.IN_PLACE, buf, algorithm="ring")
-    again = {id(b) for p in plan_cache(COMM).plans.values() for b in p.bindings.values()}
+    again = {id(b) for b in session.get(COMM).bindings()}
     agree(bound <= again and len(again) == len(bound), "a repeated call rebound its plan")

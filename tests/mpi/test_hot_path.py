@@ -1,13 +1,14 @@
-"""The hot path: the compiled executor and repeated calls on the same buffers."""
+"""The hot path: the compiled loop against the Python loop, and repeated calls."""
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import mlcomm
-from mlcomm import compiled
-from mlcomm.executor import _Binding, bind_plan, private_comm
-from mlcomm.verify import reference, sample
+from mlcomm import session
+from mlcomm.binding import Binding, Settings
+from mlcomm.loop import compiled_supports
+from mlcomm.verify import close, reference, sample
 
 from mpi_helpers import COMM, agree
 
@@ -18,40 +19,52 @@ OPS = ("sum", "prod", "min", "max", "band", "bor", "bxor", "land", "lor")
 
 
 def _cases():
-    for dtype in ("int8", "uint16", "int32", "int64", "uint64", "float32", "float64",
-                  "complex64", "bool"):
+    for dtype in mlcomm.kernels.supported_dtypes():
         for op in OPS:
-            if mlcomm.kernels.is_supported(np.dtype(dtype), op):
+            if mlcomm.kernels.is_supported(dtype, op):
                 yield dtype, op
 
 
-@pytest.mark.parametrize("dtype,op", list(_cases()))
-def test_compiled_executor_is_bitwise_the_python_executor(dtype, op):
+def _input(dt, op, count):
+    if dt.kind == "b":
+        return np.arange(count) % (RANK + 2) == 0
+    return sample(dt, op, count, RANK)
+
+
+@pytest.mark.parametrize("dtype,op", list(_cases()), ids=str)
+def test_compiled_loop_is_bitwise_the_python_loop(dtype, op):
+    """Both loops run one plan on the same buffers; the results agree bit for bit, across
+    ranks too, and with MPI_Allreduce (exactly, or within rounding for float sums and
+    products)."""
     dt = np.dtype(dtype)
-    pcomm = private_comm(COMM)
+    s = session.get(COMM)
     for name in HAND_WRITTEN:
         for count in (1, P + 1, 1031):
-            x = sample(dt, op, count, RANK) if dt.kind != "b" else np.arange(count) % (RANK + 2) == 0
-            x.flags.writeable = False  # the input is read-only to both executors
+            x = _input(dt, op, count)
+            x.flags.writeable = False  # the input is read-only to both loops
             out = np.empty_like(x)
-            plan = pcomm.plans.get("allreduce", name, RANK, P, count, dt, op, {})
-            binding = bind_plan(pcomm.comm, plan, x, out, op)
-            agree((binding.program is not None) == compiled.supports(dt, op),
-                  f"{name} {dtype} {op}: compiled loop used where unsupported or vice versa")
-            binding.run()
-            fast = out.copy()
+            plan = s.plan("allreduce", name, count, dt, op, {})
+            fast = Binding(s.comm, plan, x, out, s.settings)
+            slow = Binding(s.comm, plan, x, out, Settings(rank=RANK, compiled=False))
+            agree(fast.compiled == compiled_supports(dt, op) and not slow.compiled,
+                  f"{name} {dt} {op}: compiled loop used where unsupported or vice versa")
+            fast.run()
+            first = out.copy()
             out[...] = 0
-            _Binding.run(binding)  # the Python step loop on the same requests
-            agree(fast.tobytes() == out.tobytes(), f"{name} {dtype} {op} count={count}")
-            agree(np.array_equal(fast, reference(COMM, x, op)) or dt.kind in "fc",
-                  f"{name} {dtype} {op}: differs from MPI_Allreduce")
+            slow.run()
+            fast.free(), slow.free()
+            agree(first.tobytes() == out.tobytes(), f"{name} {dt} {op} count={count}")
+            digests = COMM.allgather(first.tobytes())
+            agree(all(d == digests[0] for d in digests), f"{name} {dt} {op}: ranks differ")
+            want = reference(COMM, x, op)
+            agree(close(first, want, P, op), f"{name} {dt} {op}: differs from MPI_Allreduce")
 
 
-def test_compiled_executor_leaves_float16_to_python():
-    assert compiled.supports(np.dtype(np.float32), "sum")
-    assert not compiled.supports(np.dtype(np.float16), "sum")
-    assert not compiled.supports(np.dtype(mlcomm.kernels.BFLOAT16), "max")
-    assert not compiled.supports(np.dtype(np.complex128), "prod")
+def test_compiled_loop_covers_every_dtype_but_complex_products():
+    for dt in mlcomm.kernels.supported_dtypes():
+        assert compiled_supports(dt, "sum")
+    assert compiled_supports(np.dtype(mlcomm.kernels.BFLOAT16), "max")
+    assert not compiled_supports(np.dtype(np.complex128), "prod")
 
 
 @pytest.mark.parametrize("name", HAND_WRITTEN + ["mpi"])
@@ -67,7 +80,6 @@ def test_repeated_calls_see_new_data(name):
 
 
 def test_alternating_algorithms_on_one_buffer_stay_repeats():
-    from mlcomm import api
     x, y = np.arange(9, dtype=np.int64) + RANK, np.empty(9, np.int64)
     seen = {}
     for trial in range(3):
@@ -75,11 +87,11 @@ def test_alternating_algorithms_on_one_buffer_stay_repeats():
             x += trial
             mlcomm.allreduce(x, y, algorithm=name)
             agree(np.array_equal(y, reference(COMM, x, "sum")), f"{name} trial {trial}")
-            repeat = api._REPEATS.get(api._repeat_key(x, y, name))
-            agree(repeat is not None and repeat.recvbuf is y and repeat.algorithm == name, name)
-            if trial:  # the first call's repeat ran this one: no re-planning in between
-                agree(repeat is seen[name], f"{name} was planned again in trial {trial}")
-            seen[name] = repeat
+            slot = session.SLOTS.get(session.slot_key(x, y, name))
+            agree(slot is not None and slot.recv_ref() is y and slot.algorithm == name, name)
+            if trial:  # the first call's slot ran this one: no re-planning in between
+                agree(slot is seen[name], f"{name} was planned again in trial {trial}")
+            seen[name] = slot
 
 
 def test_repeated_avg_divides_every_time():
@@ -98,19 +110,34 @@ def test_recvbuf_none_returns_a_new_array_every_call():
     agree(np.array_equal(first, x * P) and np.array_equal(second, x * P))
 
 
-def test_a_buffer_reshaped_or_resized_in_place_is_planned_again():
+def test_a_buffer_reshaped_or_replaced_is_planned_again():
     x = np.arange(12, dtype=np.int64) + RANK
     y = np.empty(12, np.int64)
     mlcomm.allreduce(x, y, algorithm="ring")
     x.shape = y.shape = (3, 4)
     got = mlcomm.allreduce(x, y, algorithm="ring")
-    agree(got.shape == (3, 4) and np.array_equal(got, reference(COMM, x, "sum")))
-    x.shape = y.shape = (12,)
-    x.resize(20, refcheck=False)
-    y.resize(20, refcheck=False)
+    agree(got is y and got.shape == (3, 4) and np.array_equal(got, reference(COMM, x, "sum")))
+    x, y = np.resize(x, 20), np.resize(y, 20)  # new arrays, maybe at the old ones' ids
     x[...] = np.arange(20) + RANK
     got = mlcomm.allreduce(x, y, algorithm="ring")
-    agree(np.array_equal(got, reference(COMM, x, "sum")), "resized buffers")
+    agree(got is y and np.array_equal(got, reference(COMM, x, "sum")), "resized buffers")
+
+
+def test_no_caller_array_is_kept_alive():
+    """Slots hold weak references and bindings addresses: a freed array is gone, and a new
+    array that reuses its id (and maybe its memory) is never mistaken for it."""
+    import gc
+    import weakref
+    refs = []
+    for trial in range(20):
+        x = np.full(1000 + trial % 3, RANK + trial, np.float64)
+        y = np.empty_like(x)
+        got = mlcomm.allreduce(x, y, algorithm="ring")
+        agree(got is y and np.all(y == P * trial + P * (P - 1) / 2), f"trial {trial}")
+        refs += [weakref.ref(x), weakref.ref(y)]
+        del x, y, got
+    gc.collect()
+    agree(all(r() is None for r in refs), "mlcomm kept a caller's array alive")
 
 
 def test_repeated_bcast_and_reduce():
@@ -151,40 +178,26 @@ def test_segmented_steps_overlap_and_stay_exact(name, option):
     mlcomm.allreduce(mlcomm.IN_PLACE, z, algorithm=name, **{option: 512})
     agree(np.array_equal(z, want), f"{name} in place")
     if P > 1 and name == "ring":  # transfers start while the previous segment is reduced
-        pcomm = private_comm(COMM)
-        plan = pcomm.plans.get("allreduce", name, RANK, P, count, x.dtype, "sum", {option: 512})
-        program = bind_plan(pcomm.comm, plan, x, y, "sum").program[0]
-        early = [program[i + 3] for i in _step_headers(program)]
-        agree(sum(early) > 0, f"{name}: no step starts early")
-
-
-def _step_headers(program):
-    pc = compiled._HEADER
-    for _ in range(program[0]):
-        yield pc
-        pc += compiled._STEP + program[pc + 2] * compiled._OP
+        plan = session.get(COMM).plan("allreduce", name, count, x.dtype, "sum",
+                                      {option: 512})
+        agree(plan.program.early_starts() > 0, f"{name}: no step starts early")
 
 
 def test_buffers_of_one_shape_keep_their_bindings_and_share_scratch():
     """Calls alternating between equal-shaped buffers (gradient buckets) stay bound: each
-    buffer pair keeps its binding on the shared plan, and the host bindings share one scratch."""
-    from mlcomm.executor import BINDINGS_PER_PLAN, plan_cache
-    n = BINDINGS_PER_PLAN + 1
+    buffer pair keeps its binding, and the bindings of one plan share one scratch."""
+    s = session.get(COMM)
+    n = 6
     xs = [np.arange(50, dtype=np.int64) * (RANK + 1) + k for k in range(n)]
     ys = [np.empty(50, np.int64) for _ in range(n)]
+    plan = s.plan("allreduce", "ring", 50, xs[0].dtype, "sum", {})
     for trial in range(3):
-        for k in range(n - 1):  # within the plan's capacity: bound once, never again
+        for k in range(n):
             mlcomm.allreduce(xs[k], ys[k], algorithm="ring")
             agree(np.array_equal(ys[k], reference(COMM, xs[k], "sum")), f"buffer {k}")
-        plans = [p for p in plan_cache(COMM).plans.values()
-                 if p.key[:4] == ("allreduce", "ring", P, 50)]
-        agree(len(plans) == 1, "one plan for one shape")
-        bindings = list(plans[0].bindings.values())
+        bound = [b for b in s.bindings() if b.plan is plan]
         if trial == 0:
-            first = [id(b) for b in bindings]
-        agree([id(b) for b in bindings] == first, f"trial {trial}: a buffer was bound again")
-        agree(len({id(b.scratch) for b in bindings}) == 1, "host bindings share one scratch")
-    for k in range(n):  # one buffer more than the capacity: the oldest binding goes, all correct
-        mlcomm.allreduce(xs[k], ys[k], algorithm="ring")
-        agree(np.array_equal(ys[k], reference(COMM, xs[k], "sum")), f"buffer {k} past capacity")
-    agree(len(plans[0].bindings) == BINDINGS_PER_PLAN, "the plan keeps its capacity")
+            first = [id(b) for b in bound]
+        agree(len(bound) == n and [id(b) for b in bound] == first,
+              f"trial {trial}: a buffer was bound again")
+        agree(len({id(b.scratch) for b in bound}) == 1, "the bindings share one scratch")

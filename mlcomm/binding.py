@@ -1,0 +1,253 @@
+"""Bindings: a plan bound to buffers, a transport and a loop, ready to run.
+
+A :class:`Binding` holds what one plan needs to run on one pair of buffers: the scratch,
+the transport's handles for the program's transfers, and the loop that interprets the
+program (compiled when it can, else Python; the device loop for device vectors). It keeps
+the buffers' addresses, never the caller's arrays: whoever keeps a binding (a session, a
+persistent handle) makes sure the memory is alive when it runs.
+
+Running it turns a loop's code into what the user sees: a stall is reported once on the
+waiting rank (and ends the job under ``MLCOMM_STALL_ABORT=1``); a transfer fault (a message
+of the wrong size, an MPI error) ends the job with a message that names the call, the peer
+and the bytes, as MPI's own collectives do.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import kernels
+from .device import DeviceVector
+from .loop import (DONE, FAULTED, STALLED, Frame, HostMemory, PythonLoop, compiled_loop,
+                   compiled_supports, op_code)
+from .program import INPUT, OUTPUT, SCRATCH
+from .transport.mpi import PointToPoint, abort_job
+
+__all__ = ["Settings", "Binding", "settings_from_env"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How bindings run: the stall inspector, CPU yielding and the loop."""
+
+    rank: int = 0
+    #: seconds a WAIT may last before it is reported (0: never)
+    stall_seconds: float = 60.0
+    #: end the job after reporting a stall
+    stall_abort: bool = False
+    #: polls between yields of the CPU and clock reads, minus one (a power of two minus one)
+    yield_mask: int = 1023
+    #: use the compiled loop where it applies
+    compiled: bool = True
+
+
+def _positive_seconds(name, raw, default):
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError(f"{name}={raw!r}: give a number of seconds (0 turns it off)")
+    return value
+
+
+def settings_from_env(rank: int, oversubscribed: bool) -> Settings:
+    """Settings from ``MLCOMM_STALL_SECONDS``, ``MLCOMM_STALL_ABORT`` and
+    ``MLCOMM_EXECUTOR``; ranks that outnumber cores yield the CPU sooner."""
+    executor = os.environ.get("MLCOMM_EXECUTOR", "compiled").strip().lower() or "compiled"
+    if executor not in ("compiled", "python"):
+        raise ValueError(f"MLCOMM_EXECUTOR={executor!r}: choose compiled or python")
+    return Settings(rank=rank,
+                    stall_seconds=_positive_seconds("MLCOMM_STALL_SECONDS",
+                                                    os.environ.get("MLCOMM_STALL_SECONDS"), 60.0),
+                    stall_abort=os.environ.get("MLCOMM_STALL_ABORT", "").strip() == "1",
+                    yield_mask=15 if oversubscribed else 1023,
+                    compiled=executor == "compiled")
+
+
+def _address(a) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _alias(address: int, nbytes: int, dtype) -> np.ndarray:
+    """A NumPy array over memory it does not own (and keeps nothing alive)."""
+    if not nbytes:
+        return np.empty(0, dtype)
+    return np.frombuffer((ctypes.c_char * nbytes).from_address(address), dtype)
+
+
+class Binding:
+    """``plan`` bound to 1-D contiguous ``inp`` and ``out`` (one array when in place): NumPy
+    arrays, or device vectors (:class:`mlcomm.device.DeviceVector`) on a CUDA-aware MPI.
+
+    ``scratch`` may be shared with other host bindings of the same plan (calls on one
+    communicator run one at a time); else the binding allocates its own.
+    """
+
+    def __init__(self, comm, plan, inp, out, settings: Settings, scratch=None):
+        self.plan, self.settings = plan, settings
+        program = plan.program
+        device = isinstance(out, DeviceVector)
+        if scratch is None:
+            scratch = out.empty(program.counts[2]) if device else \
+                np.empty(program.counts[2], out.dtype)
+        self.scratch = scratch
+        self.key = buffer_key(inp, out)
+        self.nbytes = scratch.nbytes
+        if device:
+            buffers = {INPUT: inp, OUTPUT: out, SCRATCH: scratch}
+            message = lambda t: buffers[t.buffer].bytes()[t.offset:t.offset + t.nbytes]
+        else:
+            addresses = [_address(inp), _address(out), _address(scratch)]
+            message = lambda t: (ctypes.c_char * t.nbytes).from_address(
+                addresses[t.buffer] + t.offset)
+        self.transport = PointToPoint(comm, program.transfers, message)
+        self.frame = None
+        run = self._compiled(inp, out, scratch) if not device else None
+        if run is None:
+            if device:
+                memory = DeviceMemory(buffers, plan.dtype, plan.op)
+            else:
+                memory = HostMemory([_alias(_address(a), a.nbytes, a.dtype)
+                                     for a in (inp, out, scratch)], plan.dtype, plan.op)
+            run = PythonLoop(program, memory, [self.transport], settings.stall_seconds,
+                             settings.yield_mask)
+        self.loop = run
+        self.live = True
+
+    def _compiled(self, inp, out, scratch):
+        """The compiled loop for host arrays, or None where it does not apply: Numba or the
+        MPI symbols missing, a dtype/op it has no loop for, partly overlapping op operands,
+        misaligned arrays, or reductions large enough for the parallel kernels."""
+        from .kernels.numba_backend import kernel_dtype, num_threads
+        plan, settings = self.plan, self.settings
+        if not settings.compiled or self.transport.compiled is None:
+            return None
+        if not compiled_supports(plan.dtype, plan.op) or plan.program.partial_overlap:
+            return None
+        if not all(a.flags.aligned for a in (inp, out)):
+            return None
+        if plan.program.largest_reduce >= kernels.NUMBA_MIN_BYTES and num_threads() > 1:
+            return None
+        kdt = kernel_dtype(plan.dtype, plan.op)
+        frame = Frame(plan.program, op_code(plan.dtype, plan.op), kdt.itemsize,
+                      settings.stall_seconds, settings.yield_mask)
+        for index, a in enumerate((inp, out, scratch)):
+            frame.set_buffer(index, _address(a), a.nbytes)
+        frame.set_transport(0, self.transport.compiled)
+        run = compiled_loop(frame, kdt)
+        if run is not None:
+            self.frame = frame
+        return run
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the compiled loop runs this binding."""
+        return self.frame is not None
+
+    def run(self) -> None:
+        """Run the plan once; a fault ends the job (see the module docstring)."""
+        code = self.loop()
+        if code != DONE:
+            self._trouble(code)
+
+    def _trouble(self, code):
+        what = self.plan.describe()
+        reported = False
+        while code == STALLED:
+            peers = self.transport.pending_peers(*self._waiting())
+            if not reported:
+                seconds = self.settings.stall_seconds
+                message = (f"mlcomm: rank {self.settings.rank} has waited {seconds:g} s in "
+                           f"{what} for ranks {peers}")
+                if self.settings.stall_abort:
+                    abort_job(message + " (MLCOMM_STALL_ABORT=1: ending the job)")
+                print(message + "; it goes on waiting (MLCOMM_STALL_SECONDS sets the limit, "
+                      "MLCOMM_STALL_ABORT=1 ends the job instead)", file=sys.stderr, flush=True)
+                reported = True
+                self._set_stall(0)
+            code = self.loop()
+        if reported:
+            self._set_stall(self.settings.stall_seconds)
+        if code == FAULTED:
+            abort_job(f"mlcomm: {what} on rank {self.settings.rank}: {self.transport.fault()}. "
+                      f"The ranks called it with different counts, dtypes or algorithms: "
+                      f"pass validate=True (or set MLCOMM_VALIDATE=1) to compare the calls "
+                      f"across ranks")
+
+    def _waiting(self):
+        """The transfer range of the WAIT the loop stopped at."""
+        if self.frame is not None:
+            from .loop import F_PC
+            pc = int(self.frame.words[F_PC])
+            row = self.plan.program.instructions[pc]
+        else:
+            row = (0, *self.loop.steps[self.loop.pc][1])
+        return int(row[2]), int(row[3])
+
+    def _set_stall(self, seconds):
+        if self.frame is not None:
+            self.frame.stall_ns = int(seconds * 1e9)
+        else:
+            self.loop.stall_seconds = seconds
+
+    def free(self) -> None:
+        if self.live:
+            self.transport.free()
+            self.live = False
+
+
+def buffer_key(inp, out) -> tuple:
+    """What identifies a buffer pair to a plan: addresses, sizes (and the device stream)."""
+    if isinstance(out, DeviceVector):
+        return (inp.ptr, out.ptr, inp.size, out.size, out.stream)
+    return (_address(inp), _address(out), inp.size, out.size)
+
+
+class DeviceMemory:
+    """Device vectors for the device loop: GPU kernels on the vectors' stream, which is
+    synchronised before MPI touches their memory and when the program ends."""
+
+    def __init__(self, buffers, dtype, op):
+        self.buffers, self.dtype, self.op = buffers, dtype, op
+        self.launched = False  # kernels or copies queued since the last synchronise
+
+    def view(self, buf, offset, nbytes):
+        size = self.dtype.itemsize
+        return self.buffers[buf][offset // size:(offset + nbytes) // size]
+
+    def _note(self, fn):
+        def call(*args):
+            fn(*args)
+            self.launched = True
+        return call
+
+    def copy(self, d, s):
+        return [(self._note(DeviceVector.copy_from), (d, s))]
+
+    def reduce(self, kind, d, a, s):
+        from .program import REDUCE, REDUCE3
+        kernel = self._note(kernels.kernel_for(d.raw, s.raw, self.op, stream=d.stream,
+                                               dtype=d.dtype))
+        copy = self._note(DeviceVector.copy_from)
+        if kind == REDUCE:
+            return [(kernel, (d.raw, s.raw))]
+        if kind == REDUCE3:  # disjoint: copy the left operand in, then reduce in place
+            return [(copy, (d, a)), (kernel, (d.raw, s.raw))]
+        tmp = d.empty(d.size)  # s is d: reduce into a temporary, keeping a on the left
+        return [(copy, (tmp, a)), (kernel, (tmp.raw, s.raw)), (copy, (d, tmp))]
+
+    def before_start(self):
+        if self.launched:
+            self.buffers[OUTPUT].synchronize()
+            self.launched = False
+
+    def finish(self):
+        self.before_start()

@@ -1,0 +1,101 @@
+"""Numba intrinsics that call C functions by address, and read memory by address.
+
+The compiled loop calls its transports, and the MPI transport calls the MPI library, through
+function addresses held in int64 arrays (frames and contexts), so compiled code names no
+external symbol and links against nothing: the addresses come from :mod:`mlcomm.libmpi`,
+from libc and from Numba ``cfunc``s. Integer arguments pass as 64-bit words: on the
+x86-64 and AArch64 C ABIs a callee taking ``int`` reads the low half of the register.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+__all__ = ["call0", "call2", "call3", "call4", "ccall0", "ccall2", "ccall3", "ccall4", "call0_f64",
+           "i64_array_at", "libc_address"]
+
+_I32, _I64, _F64 = ir.IntType(32), ir.IntType(64), ir.DoubleType()
+
+
+def _codegen(result, nargs):
+    """Lower ``fn(a1 .. an)``: ``fn`` is the first argument, an address. A C ``int`` result
+    (``_I32``) is sign-extended to 64 bits."""
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(result, [_I64] * nargs)
+        value = builder.call(builder.inttoptr(args[0], fnty.as_pointer()), list(args[1:]))
+        return builder.sext(value, _I64) if result is _I32 else value
+    return codegen
+
+
+_W = types.int64
+
+
+@intrinsic
+def call0(typingctx, fn):
+    """``fn()`` returning a 64-bit integer."""
+    return _W(_W), _codegen(_I64, 0)
+
+
+@intrinsic
+def call2(typingctx, fn, a, b):
+    """``fn(a, b)`` returning a 64-bit integer."""
+    return _W(_W, _W, _W), _codegen(_I64, 2)
+
+
+@intrinsic
+def call3(typingctx, fn, a, b, c):
+    """``fn(a, b, c)`` returning a 64-bit integer."""
+    return _W(_W, _W, _W, _W), _codegen(_I64, 3)
+
+
+@intrinsic
+def call4(typingctx, fn, a, b, c, d):
+    """``fn(a, b, c, d)`` returning a 64-bit integer."""
+    return _W(_W, _W, _W, _W, _W), _codegen(_I64, 4)
+
+
+@intrinsic
+def ccall0(typingctx, fn):
+    """``fn()`` returning a C ``int``."""
+    return _W(_W), _codegen(_I32, 0)
+
+
+@intrinsic
+def ccall2(typingctx, fn, a, b):
+    """``fn(a, b)`` returning a C ``int``."""
+    return _W(_W, _W, _W), _codegen(_I32, 2)
+
+
+@intrinsic
+def ccall3(typingctx, fn, a, b, c):
+    """``fn(a, b, c)`` returning a C ``int``."""
+    return _W(_W, _W, _W, _W), _codegen(_I32, 3)
+
+
+@intrinsic
+def ccall4(typingctx, fn, a, b, c, d):
+    """``fn(a, b, c, d)`` returning a C ``int``."""
+    return _W(_W, _W, _W, _W, _W), _codegen(_I32, 4)
+
+
+@intrinsic
+def call0_f64(typingctx, fn):
+    """``fn()`` returning a double."""
+    return types.float64(_W), _codegen(_F64, 0)
+
+
+@intrinsic
+def i64_array_at(typingctx, address):
+    """A pointer to int64 at ``address``, for ``numba.carray``."""
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+    return types.CPointer(types.int64)(types.int64), codegen
+
+
+def libc_address(name: str) -> int:
+    """The address of libc's function ``name``."""
+    return ctypes.cast(getattr(ctypes.CDLL(None), name), ctypes.c_void_p).value

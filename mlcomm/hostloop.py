@@ -1,0 +1,137 @@
+"""The compiled host loop: a bound program's whole run in one Numba call, without the GIL.
+
+See :mod:`mlcomm.loop` for what it does and the frame it reads. The loop is compiled once
+per kernel element type and op (the op is a compile-time constant, so each compilation
+holds only that op's loops) and cached on disk by Numba. Reductions call
+:func:`mlcomm.kernels.numba_backend.scalar`, the kernels' own per-element op.
+"""
+
+from __future__ import annotations
+
+import warnings
+from functools import lru_cache, partial
+
+import numpy as np
+from numba import carray, njit, typeof, types
+from numba.core.errors import NumbaIRAssumptionWarning
+from numba.extending import intrinsic, overload
+
+from .cabi import call0_f64, call3, ccall0, i64_array_at
+try:
+    from .kernels.numba_backend import scalar
+except ImportError:  # TEMPORARY until the kernels' public names land
+    from .kernels.numba_backend import _scalar as scalar
+from .loop import (DONE, F_BUFFERS, F_CODE, F_ITEM, F_NCODE, F_PC, F_STALL_NS, F_TRANSPORT,
+                   F_TRANSPORTS, F_WTIME, F_YIELD, F_YIELD_MASK, FAULTED, STALLED, op_names)
+from .program import COPY, REDUCE, REDUCE2, REDUCE3, START, WAIT, WIDTH
+
+__all__ = ["entry"]
+
+_NAMES = op_names()
+
+
+@intrinsic
+def _pointer_like(typingctx, address, array):
+    """``address`` as a pointer to ``array``'s element type."""
+    pointer = types.CPointer(array.dtype)
+
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], context.get_value_type(pointer))
+    return pointer(types.intp, array), codegen
+
+
+def _combine(op, kind, d, a, s):
+    """``d = d (op) s``, ``d = a (op) d`` or ``d = a (op) s`` by ``kind``; ``op`` is a
+    compile-time loop op code (see :func:`mlcomm.loop.op_code`)."""
+
+
+@overload(_combine)
+def _combine_impl(op, kind, d, a, s):
+    if not isinstance(op, types.IntegerLiteral):
+        return None
+    name = _NAMES[op.literal_value]
+
+    def combine(op, kind, d, a, s):
+        if kind == REDUCE:
+            for i in range(d.size):
+                d[i] = scalar(name, d[i], s[i])
+        elif kind == REDUCE2:
+            for i in range(d.size):
+                d[i] = scalar(name, a[i], d[i])
+        else:
+            for i in range(d.size):
+                d[i] = scalar(name, a[i], s[i])
+    return combine
+
+
+@njit(inline="always")
+def _view(frame, like, buf, offset, nbytes):
+    item = frame[F_ITEM]
+    whole = carray(_pointer_like(frame[F_BUFFERS + 2 * buf], like),
+                   frame[F_BUFFERS + 2 * buf + 1] // item)
+    return whole[offset // item:(offset + nbytes) // item]
+
+
+@njit(nogil=True, cache=True)
+def execute(frame, like, op):
+    """Run the frame's program from ``frame[F_PC]``; return DONE, STALLED or FAULTED."""
+    code = carray(i64_array_at(frame[F_CODE]), frame[F_NCODE] * WIDTH)
+    pc = frame[F_PC]
+    frame[F_PC] = 0
+    while pc < frame[F_NCODE]:
+        i = pc * WIDTH
+        kind = code[i]
+        if kind == START:
+            t = F_TRANSPORTS + 3 * code[i + 1]
+            if call3(frame[t + 1], frame[t], code[i + 2], code[i + 3]) != 0:
+                frame[F_TRANSPORT] = code[i + 1]
+                return FAULTED
+        elif kind == WAIT:
+            t = F_TRANSPORTS + 3 * code[i + 1]
+            spins = 0
+            since = 0.0
+            while True:
+                r = call3(frame[t + 2], frame[t], code[i + 2], code[i + 3])
+                if r == 1:
+                    break
+                if r != 0:
+                    frame[F_TRANSPORT] = code[i + 1]
+                    return FAULTED
+                spins += 1
+                if spins & frame[F_YIELD_MASK] == 0:
+                    ccall0(frame[F_YIELD])
+                    now = call0_f64(frame[F_WTIME])
+                    if since == 0.0:
+                        since = now
+                    elif frame[F_STALL_NS] > 0 and (now - since) * 1e9 > frame[F_STALL_NS]:
+                        frame[F_PC] = pc
+                        return STALLED
+        else:
+            d = _view(frame, like, code[i + 1], code[i + 2], code[i + 7])
+            s = _view(frame, like, code[i + 3], code[i + 4], code[i + 7])
+            if kind == COPY:
+                for j in range(d.size):
+                    d[j] = s[j]
+            elif kind == REDUCE3:
+                _combine(op, kind, d, _view(frame, like, code[i + 5], code[i + 6], code[i + 7]),
+                         s)
+            else:
+                _combine(op, kind, d, s, s)
+        pc += 1
+    return DONE
+
+
+@lru_cache(maxsize=None)
+def _entry_point(frame_type, like_type, op):
+    with warnings.catch_warnings():
+        # Numba's pedantic IR check flags the inlined scalar ops' branches; they are correct
+        # (every loop is checked bit for bit against the kernels by the test suite)
+        warnings.simplefilter("ignore", NumbaIRAssumptionWarning)
+        return execute.compile((frame_type, like_type, types.literal(op)))
+
+
+def entry(frame: np.ndarray, kernel_dtype: np.dtype, op: int):
+    """A no-argument call running ``frame``'s program; it calls the entry point compiled for
+    these types and op directly, skipping Numba's per-call type dispatch."""
+    like = np.empty(0, kernel_dtype)
+    return partial(_entry_point(typeof(frame), typeof(like), op), frame, like, op)

@@ -1,0 +1,243 @@
+"""The loops that run a bound program (:mod:`mlcomm.program`): compiled, Python and device.
+
+All three interpret the same instructions on the same transports and return the same
+codes: :data:`DONE`, :data:`STALLED` (a WAIT outlasted the stall limit; call again to go
+on waiting) or :data:`FAULTED` (a transport reported a fault; ask it what).
+
+- The **compiled loop** (:func:`compiled_loop`) runs the whole program in one Numba call
+  without the GIL: the transport's C ``start``/``test`` through their addresses, copies and
+  reductions as loops built from :func:`mlcomm.kernels.numba_backend.scalar`, so its results
+  are bit for bit those of the kernels. It reads everything from an int64 *frame*
+  (:class:`Frame`): the program's address, the buffers, the transports, the stall limit.
+- The **Python loop** (:class:`PythonLoop`) decodes the program once into calls of
+  :mod:`mlcomm.kernels` (NumPy, or Numba's parallel kernels for large reductions) on the
+  host; with a device :class:`Memory` it is the **device loop**, whose kernels run on a CUDA
+  stream that is synchronised before MPI touches device memory.
+
+A WAIT polls its transport; every ``yield_mask + 1`` polls it yields the CPU (ranks may
+outnumber cores) and reads the clock, so the stall check costs nothing on short waits.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from .program import COPY, REDUCE, REDUCE2, REDUCE3, START, WAIT, WIDTH
+from .transport import FAULT
+
+__all__ = ["DONE", "STALLED", "FAULTED", "Frame", "compiled_loop", "compiled_supports",
+           "PythonLoop", "HostMemory"]
+
+DONE, STALLED, FAULTED = 0, 1, 2
+
+# frame words
+F_CODE, F_NCODE, F_OP, F_ITEM, F_PC, F_STALL_NS, F_YIELD_MASK, F_WTIME, F_YIELD, F_TRANSPORT = \
+    range(10)
+F_BUFFERS = 16  # (address, bytes) per buffer id
+F_TRANSPORTS = 24  # (context, start, test) per transport id
+_FRAME_WORDS = 32
+_BUFFERS = 4
+#: codec offsets of the loop's op code: float16 and bfloat16 reduce on their uint16 bits
+_CODECS = {"f16": 16, "bf16": 32}
+
+
+class Frame:
+    """The int64 words the compiled loop runs on: one per binding (see the module docstring)."""
+
+    def __init__(self, program, op_code, itemsize, stall_seconds, yield_mask):
+        from .cabi import libc_address
+        from .libmpi import symbol
+        self.words = np.zeros(_FRAME_WORDS, np.int64)
+        self.program = program  # the code's memory lives as long as the frame
+        w = self.words
+        w[F_CODE] = program.code.__array_interface__["data"][0]
+        w[F_NCODE] = len(program.code) // WIDTH
+        w[F_OP], w[F_ITEM] = op_code, itemsize
+        w[F_STALL_NS] = int(stall_seconds * 1e9)
+        w[F_YIELD_MASK] = yield_mask
+        w[F_WTIME], w[F_YIELD] = symbol("MPI_Wtime"), libc_address("sched_yield")
+
+    def set_buffer(self, index, address, nbytes):
+        self.words[F_BUFFERS + 2 * index:F_BUFFERS + 2 * index + 2] = (address, nbytes)
+
+    def set_transport(self, index, compiled):
+        self.words[F_TRANSPORTS + 3 * index:F_TRANSPORTS + 3 * index + 3] = compiled
+
+    @property
+    def stall_ns(self) -> int:
+        return int(self.words[F_STALL_NS])
+
+    @stall_ns.setter
+    def stall_ns(self, value):
+        self.words[F_STALL_NS] = value
+
+    @property
+    def faulted_transport(self) -> int:
+        return int(self.words[F_TRANSPORT])
+
+
+# --- the compiled loop -----------------------------------------------------------------------
+
+_compiled = None  # mlcomm.hostloop once imported; False when Numba is unusable
+
+
+def _execute():
+    global _compiled
+    if _compiled is None:
+        try:
+            from . import hostloop
+            _compiled = hostloop
+        except ImportError:  # pragma: no cover - numba is a dependency
+            _compiled = False
+    return _compiled or None
+
+
+#: dtypes the compiled loop reduces, on their kernel view (numba_backend.kernel_dtype)
+_DTYPES = frozenset(np.dtype(t) for t in (
+    np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+    np.float16, np.float32, np.float64, np.complex64, np.complex128, np.bool_))
+_OPS = {"sum": 0, "avg": 0, "prod": 1, "min": 2, "max": 3,
+        "band": 4, "bor": 5, "bxor": 6, "land": 7, "lor": 8}
+
+
+def compiled_supports(dtype: np.dtype, op: str) -> bool:
+    """True when the compiled loop reduces ``dtype`` with ``op`` (complex: sum only)."""
+    from .kernels import BFLOAT16
+    return ((dtype in _DTYPES or dtype == BFLOAT16) and op in _OPS
+            and (dtype.kind != "c" or op in ("sum", "avg")))
+
+
+def op_names() -> dict:
+    """Loop op code -> the kernels' scalar op name (see :func:`op_code`)."""
+    names = {}
+    for prefix, base in (("", 0), *((p + "_", c) for p, c in _CODECS.items())):
+        for op in ("sum", "prod", "min", "max", *(() if prefix else
+                                                   ("band", "bor", "bxor", "land", "lor"))):
+            names[base + _OPS[op]] = prefix + op
+    return names
+
+
+def op_code(dtype: np.dtype, op: str) -> int:
+    """The compiled loop's op code: the op's, plus the float16/bfloat16 codec's offset."""
+    try:
+        from .kernels.numba_backend import scalar_name
+    except ImportError:
+        from .kernels.numba_backend import _name as scalar_name
+    prefix = scalar_name(dtype, op).rpartition("_")[0]
+    return _OPS[op] + _CODECS.get(prefix, 0)
+
+
+def compiled_loop(frame: Frame, kernel_dtype: np.dtype):
+    """A no-argument call running ``frame`` in the compiled loop; it returns a loop code.
+
+    It calls the entry point compiled for these argument types directly, skipping Numba's
+    per-call type dispatch. None when the compiled loop is unavailable.
+    """
+    hostloop = _execute()
+    if hostloop is None:
+        return None
+    return hostloop.entry(frame.words, kernel_dtype, int(frame.words[F_OP]))
+
+
+# --- the Python and device loops -------------------------------------------------------------
+
+class HostMemory:
+    """Host arrays for the Python loop: views by byte offset and the kernels on them."""
+
+    def __init__(self, buffers, dtype, op):
+        from .kernels import kernel_for
+        from .kernels.numpy_backend import bare_kernel3
+        self.buffers, self.dtype, self.op = buffers, dtype, op
+        self._kernel_for, self._three = kernel_for, bare_kernel3(op)
+
+    def view(self, buf, offset, nbytes):
+        size = self.dtype.itemsize
+        return self.buffers[buf][offset // size:(offset + nbytes) // size]
+
+    def copy(self, d, s):
+        return [(np.copyto, (d, s))]
+
+    def reduce(self, kind, d, a, s):
+        """Calls doing one reduce of ``kind`` (REDUCE: a is d, REDUCE2: s is d)."""
+        if kind == REDUCE:
+            return [(self._kernel_for(d, s, self.op), (d, s))]
+        if kind == REDUCE3:  # disjoint: copy the left operand in, then reduce in place
+            return [(np.copyto, (d, a)), (self._kernel_for(d, s, self.op), (d, s))]
+        return [(self._three, (d, a, s))]
+
+    def before_start(self):
+        pass
+
+    def finish(self):
+        pass
+
+
+class PythonLoop:
+    """The program decoded into Python calls on ``memory`` (host or device) and
+    ``transports``; calling it runs the program and returns a loop code."""
+
+    def __init__(self, program, memory, transports, stall_seconds, yield_mask):
+        self.memory, self.transports = memory, transports
+        self.stall_seconds, self.yield_mask = stall_seconds, yield_mask
+        self.pc, self.faulted_transport = 0, 0
+        self.steps = []
+        for row in program.instructions:
+            kind = int(row[0])
+            if kind in (START, WAIT):
+                self.steps.append((kind, (int(row[1]), int(row[2]), int(row[3]))))
+                continue
+            d = memory.view(int(row[1]), int(row[2]), int(row[7]))
+            s = memory.view(int(row[3]), int(row[4]), int(row[7]))
+            if kind == COPY:
+                calls = memory.copy(d, s)
+            else:
+                a = memory.view(int(row[5]), int(row[6]), int(row[7])) if kind == REDUCE3 \
+                    else (d if kind == REDUCE else s)
+                calls = memory.reduce(kind, d, a, s)
+            self.steps.append((COPY, calls))
+
+    def __call__(self) -> int:
+        pc, self.pc = self.pc, 0
+        memory = self.memory
+        with np.errstate(all="ignore"):
+            while pc < len(self.steps):
+                kind, what = self.steps[pc]
+                if kind == COPY:
+                    for fn, args in what:
+                        fn(*args)
+                elif kind == START:
+                    memory.before_start()
+                    transport, first, n = what
+                    if self.transports[transport].start(first, n) == FAULT:
+                        self.faulted_transport = transport
+                        return FAULTED
+                elif self._wait(*what):
+                    self.pc = pc
+                    return self._wait_code
+                pc += 1
+        memory.finish()
+        return DONE
+
+    def _wait(self, transport, first, n) -> bool:
+        """Poll until done; True (with ``_wait_code``) on a fault or a stall."""
+        test = self.transports[transport].test
+        spins, since = 0, 0.0
+        while True:
+            r = test(first, n)
+            if r == 1:
+                return False
+            if r == FAULT:
+                self.faulted_transport, self._wait_code = transport, FAULTED
+                return True
+            spins += 1
+            if spins & self.yield_mask == 0:
+                os.sched_yield()
+                now = time.monotonic()
+                if not since:
+                    since = now
+                elif self.stall_seconds and now - since > self.stall_seconds:
+                    self._wait_code = STALLED
+                    return True

@@ -1,0 +1,325 @@
+"""Sessions: everything mlcomm keeps for one communicator, in one place, freed with it.
+
+A :class:`Session` is created (collectively) the first time mlcomm is used on a
+communicator and is freed when that communicator is (an attribute delete callback), or at
+exit. It holds:
+
+- the private duplicate mlcomm talks on, so its messages never meet the caller's;
+- the algorithm ``MLCOMM_ALGORITHM`` names, read once and agreed across the ranks;
+- plans (:mod:`mlcomm.plan`, immutable) by call layout, least recently used first out;
+- ``auto``'s choices, agreed across the ranks;
+- bindings (:mod:`mlcomm.binding`) by plan and buffer pair, bounded in bytes with every
+  other session's by ``MLCOMM_CACHE_BYTES`` (default 256 MiB), least recently used first
+  out; the host bindings of one plan share one scratch buffer;
+- repeat slots: calls seen before, so that a repeat skips checks and planning;
+- persistent handles, whose bindings are their own.
+
+Nothing here keeps a caller's host array alive: bindings hold addresses and slots hold
+weak references. (NumPy refuses ``ndarray.resize`` on an array that is weakly referenced;
+``np.resize`` gives a new array.) A device binding on a CUDA-aware MPI keeps its device
+vectors, whose bytes count towards the bound.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import weakref
+from collections import OrderedDict
+
+from mpi4py import MPI
+from numpy import ndarray
+
+from .algorithms import resolve
+from .binding import Binding, buffer_key, settings_from_env
+from .plan import make_plan, plan_key
+
+__all__ = ["Session", "get", "Slot", "SLOTS", "slot_key", "remembers", "CACHE_BYTES",
+           "cache_bytes", "cached_bytes"]
+
+#: MLCOMM_CACHE_BYTES when unset
+CACHE_BYTES = 256 << 20
+_PLANS = 64  # plans kept per session
+_SLOTS_PER_PROCESS = 64
+
+
+def cache_bytes() -> int:
+    """The bound on the scratch that bindings keep: ``MLCOMM_CACHE_BYTES`` or 256 MiB."""
+    raw = os.environ.get("MLCOMM_CACHE_BYTES", "").strip()
+    if not raw:
+        return CACHE_BYTES
+    if not raw.isdigit():
+        raise ValueError(f"MLCOMM_CACHE_BYTES={raw!r}: give a number of bytes, e.g. "
+                         f"{CACHE_BYTES} (the default, 256 MiB)")
+    return int(raw)
+
+
+# --- the process-wide binding cache ------------------------------------------------------------
+
+class _Entry:
+    __slots__ = ("binding", "session", "scratch_key")
+
+
+_CACHE: "OrderedDict[tuple, _Entry]" = OrderedDict()
+#: (session id, plan key) -> [bytes held, cached bindings sharing them]: a plan's host
+#: bindings share one scratch; a device binding's own scratch and the device vectors it
+#: keeps alive are under its cache key
+_SCRATCH: dict = {}
+_bytes = 0
+
+
+def cached_bytes() -> int:
+    """Scratch bytes the cached bindings hold now, over every session."""
+    return _bytes
+
+
+def _drop(key) -> None:
+    """Free the cached binding under ``key`` (and its scratch if no other binding uses it)."""
+    global _bytes
+    entry = _CACHE.pop(key, None)
+    if entry is None:
+        return
+    entry.binding.free()
+    shared = _SCRATCH[entry.scratch_key]
+    shared[1] -= 1
+    if shared[1] == 0:
+        del _SCRATCH[entry.scratch_key]
+        _bytes -= shared[0]
+
+
+def _evict_to(limit: int, keep) -> None:
+    while _bytes > limit and len(_CACHE) > 1:
+        oldest = next(iter(_CACHE))
+        if oldest == keep:
+            _CACHE.move_to_end(oldest)
+            if next(iter(_CACHE)) == keep:
+                return
+            continue
+        _drop(oldest)
+
+
+# --- repeat slots ------------------------------------------------------------------------------
+
+SLOTS: dict = {}
+
+
+def slot_key(sendbuf, recvbuf, algorithm) -> int:
+    """The output buffer's id (bcast has only ``sendbuf``) plus the algorithm's: calls that
+    alternate algorithms on one buffer (as the benchmark does) keep a slot each."""
+    return id(sendbuf if recvbuf is None else recvbuf) + id(algorithm)
+
+
+def _none():
+    return None
+
+
+def remembers(result, sendbuf, recvbuf) -> bool:
+    """Whether a slot can return ``result`` on a repeat without keeping anything alive: the
+    caller's own buffer, or None."""
+    return result is None or (result is recvbuf or result is sendbuf) and result is not None
+
+
+class Slot:
+    """A call seen before, bound to its buffers: running it skips checks and planning.
+
+    A repeat is the same objects again (``is``, as NCCL's and Horovod's caches key on
+    buffers): the collective, both buffers (held weakly), op, comm, algorithm and root; and
+    what can change in place: each array's dtype and size.
+    """
+
+    __slots__ = ("algorithm", "binding", "collective", "comm", "finish", "op", "recv",
+                 "recv_ref", "result", "root", "run", "send", "send_ref", "session",
+                 "__weakref__")
+
+    def __init__(self, session, args, run, binding, finish, result):
+        (self.collective, sendbuf, recvbuf, self.op, self.comm, self.algorithm,
+         self.root) = args
+        self.session, self.run, self.binding, self.finish = session, run, binding, finish
+        self.send_ref, self.recv_ref = _ref(sendbuf), _ref(recvbuf)
+        self.send = (sendbuf.dtype, sendbuf.size) if type(sendbuf) is ndarray else None
+        self.recv = (recvbuf.dtype, recvbuf.size) if type(recvbuf) is ndarray else None
+        # the caller's own buffer is returned through its weak reference (see remembers)
+        self.result = self.recv_ref if result is recvbuf and result is not None else \
+            self.send_ref if result is sendbuf and result is not None else _none
+
+    def __call__(self):
+        """Run the bound call again; return what the public call returns."""
+        self.run()
+        if self.finish is not None:
+            self.finish()
+        return self.result()
+
+    def matches(self, collective, sendbuf, recvbuf, op, comm, algorithm, root) -> bool:
+        return (self.recv_ref() is recvbuf and self.send_ref() is sendbuf and op is self.op
+                and comm is self.comm and algorithm is self.algorithm
+                and collective is self.collective and root == self.root
+                and (self.send is None or sendbuf.dtype is self.send[0]
+                     and sendbuf.size == self.send[1])
+                and (self.recv is None or recvbuf.dtype is self.recv[0]
+                     and recvbuf.size == self.recv[1])
+                and (self.binding is None or self.binding.live))
+
+
+def _ref(obj):
+    """A weak reference to ``obj``, or a call returning it for None and MPI.IN_PLACE."""
+    if obj is None or obj is MPI.IN_PLACE:
+        return lambda: obj
+    return weakref.ref(obj)
+
+
+# --- sessions ----------------------------------------------------------------------------------
+
+class Session:
+    """Everything mlcomm keeps for one communicator (see the module docstring)."""
+
+    def __init__(self, comm):
+        self.comm = comm.Dup()
+        self.comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.default_algorithm = _agreed_env_algorithm(self.comm)
+        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        local = node.Get_size()
+        node.Free()
+        self.settings = settings_from_env(self.rank, local > _cpus())
+        self.plans: OrderedDict = OrderedDict()
+        self._scratch = weakref.WeakValueDictionary()  # plan key -> its host bindings' scratch
+        self.plan_misses = 0
+        self.choices: dict = {}
+        self.handles = weakref.WeakSet()
+        self.slots: set = set()
+        self.freed = False
+
+    # plans
+    def plan(self, collective, algorithm, count, dtype, op, options, alias=None):
+        """The plan for this call layout, built and lowered on first use."""
+        key = plan_key(collective, algorithm, self.size, count, dtype, op, options, alias)
+        plan = self.plans.get(key)
+        if plan is not None:
+            self.plans.move_to_end(key)
+            return plan
+        self.plan_misses += 1
+        plan = make_plan(collective, algorithm, self.rank, self.size, count, dtype, op,
+                         options, alias)
+        self.plans[key] = plan
+        if len(self.plans) > _PLANS:
+            self.plans.popitem(last=False)  # its cached bindings age out of the cache
+        return plan
+
+    # bindings
+    def bind(self, plan, inp, out):
+        """``plan`` bound to ``inp``/``out``: the cached binding, or a new one sharing its
+        plan's scratch with the plan's other host bindings."""
+        global _bytes
+        key = (id(self), plan.key, buffer_key(inp, out))
+        entry = _CACHE.get(key)
+        if entry is not None:
+            _CACHE.move_to_end(key)
+            return entry.binding
+        device = not isinstance(out, ndarray)
+        scratch_key = key if device else (id(self), plan.key)
+        shared = _SCRATCH.get(scratch_key)
+        scratch = None if shared is None else self._scratch[plan.key]
+        binding = Binding(self.comm, plan, inp, out, self.settings, scratch)
+        if shared is None:
+            held = binding.nbytes + (inp.nbytes + out.nbytes if device else 0)
+            _SCRATCH[scratch_key] = [held, 1]
+            _bytes += held
+            if not device:
+                self._scratch[plan.key] = binding.scratch
+        else:
+            shared[1] += 1
+        entry = _Entry()
+        entry.binding, entry.session, entry.scratch_key = binding, self, scratch_key
+        _CACHE[key] = entry
+        _evict_to(cache_bytes(), key)
+        return binding
+
+    def own_binding(self, plan, inp, out):
+        """A binding outside the cache, with its own scratch (a persistent handle's)."""
+        return Binding(self.comm, plan, inp, out, self.settings)
+
+    def bindings(self):
+        """This session's cached bindings, least recently used first."""
+        return [e.binding for e in _CACHE.values() if e.session is self]
+
+    # agreement
+    def agree(self, value):
+        """Rank 0's ``value`` on every rank (collective)."""
+        return self.comm.bcast(value if self.rank == 0 else None, root=0)
+
+    # repeat slots
+    def remember(self, key, slot):
+        old = SLOTS.pop(key, None)
+        if old is not None:
+            old.session.slots.discard(key)
+        if len(SLOTS) >= _SLOTS_PER_PROCESS:
+            oldest = next(iter(SLOTS))
+            SLOTS.pop(oldest).session.slots.discard(oldest)
+        SLOTS[key] = slot
+        self.slots.add(key)
+
+    def free_bindings(self):
+        """Free every binding and handle of this session (before MPI finalizes)."""
+        for key in [k for k, e in _CACHE.items() if e.session is self]:
+            _drop(key)
+        for key in list(self.slots):
+            SLOTS.pop(key, None)
+        self.slots.clear()
+        for handle in list(self.handles):
+            handle.release()
+
+    def free(self):
+        if self.freed:
+            return
+        self.free_bindings()
+        self.plans.clear()
+        self.freed = True
+        if not MPI.Is_finalized():
+            self.comm.Free()
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _agreed_env_algorithm(comm):
+    """``MLCOMM_ALGORITHM`` (None when unset), the same on every rank or a ValueError that
+    names the ranks that differ, raised on every rank."""
+    mine = os.environ.get("MLCOMM_ALGORITHM", "").strip() or None
+    everyone = comm.allgather(mine)
+    differ = [r for r, v in enumerate(everyone) if v != everyone[0]]
+    if differ:
+        shown = ", ".join(f"rank {r}: {everyone[r]!r}" for r in [0] + differ[:7])
+        raise ValueError(f"MLCOMM_ALGORITHM differs across ranks ({shown}); set the same "
+                         f"value on every rank, or unset it")
+    if everyone[0] is not None:
+        resolve(everyone[0])  # an unknown name fails on every rank alike
+    return everyone[0]
+
+
+def _delete(comm, keyval, session):
+    session.free()
+
+
+_KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete)
+_ALL: "weakref.WeakSet[Session]" = weakref.WeakSet()
+
+
+def get(comm) -> Session:
+    """The session of ``comm``: created (collectively) on first use."""
+    session = comm.Get_attr(_KEYVAL)
+    if session is None:
+        session = Session(comm)
+        comm.Set_attr(_KEYVAL, session)
+        _ALL.add(session)
+    return session
+
+
+@atexit.register
+def _free_all():
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        for session in list(_ALL):
+            session.free_bindings()

@@ -1,0 +1,48 @@
+"""Transports: what moves a program's transfers between ranks.
+
+A program (:mod:`mlcomm.program`) names transfers by index; a binding hands them, with the
+buffers they read and write, to a transport, which the loops (:mod:`mlcomm.loop`) then drive
+through two calls on index ranges:
+
+- ``start(first, n)``: start transfers ``first .. first+n-1``; 0, or a fault code.
+- ``test(first, n)``: 1 when all of them are complete (and were what the schedule expects),
+  0 while some are pending, :data:`FAULT` when something went wrong; :meth:`Transport.fault`
+  then says what.
+
+The compiled loop makes the same two calls through C function addresses
+(:attr:`Transport.compiled`: a context address and the addresses of ``start`` and ``test``,
+each taking ``(context, first, n)`` as 64-bit words), so a new transport plugs in without
+touching the loops or the algorithms. :mod:`mlcomm.transport.mpi` moves bytes with MPI
+persistent point-to-point requests.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Transport", "FAULT"]
+
+#: what ``test`` and ``start`` return when a transfer went wrong
+FAULT = -1
+
+
+class Transport:
+    """The interface every transport implements (see the module docstring)."""
+
+    #: ``(context, start, test)`` addresses for the compiled loop, or None (Python loop only)
+    compiled = None
+
+    def start(self, first: int, n: int) -> int:
+        raise NotImplementedError
+
+    def test(self, first: int, n: int) -> int:
+        raise NotImplementedError
+
+    def pending_peers(self, first: int, n: int) -> list:
+        """The peer ranks of the transfers in the range that are not complete yet."""
+        raise NotImplementedError
+
+    def fault(self) -> str:
+        """What went wrong in the last call that returned :data:`FAULT`."""
+        raise NotImplementedError
+
+    def free(self) -> None:
+        """Release the transport's handles; it is not used again."""

@@ -1,0 +1,274 @@
+"""MPI transports: persistent point-to-point requests, and the MPI library's own collectives.
+
+:class:`PointToPoint` binds one persistent request per transfer (``Send_init``/``Recv_init``,
+as bytes) once; the loops start and complete them by range. Completion is polled
+(``MPI_Testall``), so a waiting loop can notice a stall, and every received message's size
+is checked against the schedule (``MPI_Get_count`` on its status): a peer that called with
+another count or dtype is caught instead of returning a wrong result.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+
+import numpy as np
+from mpi4py import MPI
+from mpi4py.util.dtlib import from_numpy_dtype
+
+from .. import kernels
+from . import FAULT, Transport
+
+__all__ = ["IN_PLACE", "PointToPoint", "op_name", "mpi_op", "native_call", "native_dtype_ok",
+           "describe_error", "abort_job"]
+
+IN_PLACE = MPI.IN_PLACE
+_TAG = 0
+
+# --- ops -------------------------------------------------------------------------------------
+
+_MPI_OPS = {name: getattr(MPI, "SUM" if name == "avg" else name.upper()) for name in kernels.OPS}
+
+
+def op_name(op) -> str:
+    """Normalise an op given by name (or alias) or as an ``MPI.Op`` constant."""
+    if isinstance(op, MPI.Op):
+        for name, const in _MPI_OPS.items():
+            if name != "avg" and op == const:
+                return name
+    else:
+        try:
+            return kernels.normalize_op(op)
+        except ValueError:
+            pass
+    raise ValueError(f"op={op!r} is not supported; use one of {', '.join(kernels.OPS)} "
+                     f"or the matching MPI.Op constant")
+
+
+def mpi_op(name: str) -> MPI.Op:
+    return _MPI_OPS[name]
+
+
+def describe_error(code: int) -> str:
+    """The MPI library's text for error ``code``."""
+    try:
+        return MPI.Get_error_string(code)
+    except MPI.Exception:
+        return f"MPI error {code}"
+
+
+# --- point to point --------------------------------------------------------------------------
+
+# context words (int64) of a bound PointToPoint, read by the compiled start/test
+_REQ_BYTES, _REQS, _STATUSES, _STATUS_BYTES, _STARTALL, _TESTALL, _GET_COUNT, _BYTE = range(8)
+_FLAG, _FAULT, _FAULT_INDEX, _FAULT_VALUE, _COUNT = 8, 9, 10, 11, 12
+_EXPECT = 16  # then one word per transfer: the bytes a receive expects, -1 for a send
+_SIZE_MISMATCH, _MPI_ERROR = 1, 2
+
+
+@lru_cache(maxsize=None)
+def _compiled_calls():
+    """``(start, test)`` as C functions of ``(context, first, n)``; None without Numba."""
+    try:
+        from numba import carray, cfunc, types
+
+        from ..cabi import ccall2, ccall3, ccall4, i64_array_at
+    except ImportError:  # pragma: no cover - numba is a dependency
+        return None
+    sig = types.int64(types.int64, types.int64, types.int64)
+
+    @cfunc(sig, cache=True, nopython=True)
+    def start(context, first, n):
+        ctx = carray(i64_array_at(context), _EXPECT)
+        err = ccall2(ctx[_STARTALL], n, ctx[_REQS] + first * ctx[_REQ_BYTES])
+        if err != 0:
+            ctx[_FAULT], ctx[_FAULT_INDEX], ctx[_FAULT_VALUE] = _MPI_ERROR, first, err
+            return FAULT
+        return 0
+
+    @cfunc(sig, cache=True, nopython=True)
+    def test(context, first, n):
+        ctx = carray(i64_array_at(context), _EXPECT + first + n)
+        ctx[_FLAG] = 0
+        err = ccall4(ctx[_TESTALL], n, ctx[_REQS] + first * ctx[_REQ_BYTES],
+                     context + 8 * _FLAG, ctx[_STATUSES])
+        if err != 0:
+            ctx[_FAULT], ctx[_FAULT_INDEX], ctx[_FAULT_VALUE] = _MPI_ERROR, first, err
+            return FAULT
+        if ctx[_FLAG] & 0xFFFFFFFF == 0:
+            return 0
+        for i in range(n):
+            want = ctx[_EXPECT + first + i]
+            if want >= 0:
+                ctx[_COUNT] = 0
+                ccall3(ctx[_GET_COUNT], ctx[_STATUSES] + i * ctx[_STATUS_BYTES], ctx[_BYTE],
+                       context + 8 * _COUNT)
+                got = ctx[_COUNT] & 0xFFFFFFFF
+                if got >= 0x80000000:
+                    got -= 0x100000000
+                if got != want:
+                    ctx[_FAULT], ctx[_FAULT_INDEX], ctx[_FAULT_VALUE] = \
+                        _SIZE_MISMATCH, first + i, got
+                    return FAULT
+        return 1
+
+    return start.address, test.address
+
+
+class PointToPoint(Transport):
+    """Persistent requests for a program's transfers on ``comm`` (see the module docstring).
+
+    ``message(transfer)`` gives the buffer each request uses, as mpi4py takes it (an
+    ``MPI.buffer`` over host memory, or a device array on a CUDA-aware MPI).
+    """
+
+    def __init__(self, comm, transfers, message):
+        self.comm, self.transfers = comm, tuple(transfers)
+        self.requests = [(comm.Recv_init if t.recv else comm.Send_init)(
+            [message(t), MPI.BYTE], t.peer, _TAG) for t in self.transfers]
+        widest = max(len(self.transfers), 1)  # statuses for the widest range
+        self.statuses = [MPI.Status() for _ in range(widest)]
+        self._ranges = {}
+        self._fault = None
+        self.compiled = self._context(widest)
+
+    def _context(self, widest):
+        """The int64 context the compiled start/test read (None when they are unavailable)."""
+        calls = _compiled_calls()
+        if calls is None:
+            return None
+        from ..libmpi import MPILibraryError, symbol
+        try:
+            fns = [symbol(f"MPI_{n}") for n in ("Startall", "Testall", "Get_count")]
+        except MPILibraryError:
+            return None
+        req_bytes, status_bytes = MPI._sizeof(MPI.Request), MPI._sizeof(MPI.Status)
+        self._handles = np.zeros(max(len(self.requests), 1) * req_bytes, np.uint8)
+        for i, req in enumerate(self.requests):
+            self._handles[i * req_bytes:(i + 1) * req_bytes] = np.frombuffer(
+                ctypes.string_at(MPI._addressof(req), req_bytes), np.uint8)
+        self._status_words = np.zeros(widest * status_bytes, np.uint8)
+        ctx = np.zeros(_EXPECT + len(self.transfers), np.int64)
+        ctx[:8] = [req_bytes, _address(self._handles), _address(self._status_words),
+                   status_bytes, *fns, MPI._handleof(MPI.BYTE)]
+        ctx[_EXPECT:] = [t.nbytes if t.recv else -1 for t in self.transfers]
+        self._ctx = ctx
+        return (_address(ctx), *calls)
+
+    def _slice(self, first, n):
+        reqs = self._ranges.get(first)
+        if reqs is None:
+            reqs = self._ranges[first] = self.requests[first:first + n]
+        return reqs
+
+    def start(self, first, n):
+        try:
+            MPI.Prequest.Startall(self._slice(first, n))
+        except MPI.Exception as exc:
+            self._fault = (_MPI_ERROR, first, exc.Get_error_code())
+            return FAULT
+        return 0
+
+    def test(self, first, n):
+        statuses = self.statuses[:n]
+        try:
+            if not MPI.Request.Testall(self._slice(first, n), statuses):
+                return 0
+        except MPI.Exception as exc:
+            self._fault = (_MPI_ERROR, first, exc.Get_error_code())
+            return FAULT
+        for i, status in enumerate(statuses):
+            t = self.transfers[first + i]
+            if t.recv and status.Get_count(MPI.BYTE) != t.nbytes:
+                self._fault = (_SIZE_MISMATCH, first + i, status.Get_count(MPI.BYTE))
+                return FAULT
+        return 1
+
+    def pending_peers(self, first, n):
+        return sorted({t.peer for t, req in zip(self.transfers[first:first + n],
+                                                self._slice(first, n))
+                       if not req.Get_status()})
+
+    def fault(self) -> str:
+        raw = self._fault is None  # the compiled calls left it in the context
+        kind, index, value = (tuple(int(v) for v in self._ctx[[_FAULT, _FAULT_INDEX,
+                                                               _FAULT_VALUE]])
+                              if raw else self._fault)
+        self._fault = None
+        if kind == _SIZE_MISMATCH:
+            t = self.transfers[index]
+            return (f"received {value} bytes from rank {t.peer} where the schedule expects "
+                    f"{t.nbytes}")
+        if value != MPI.ERR_IN_STATUS:
+            return f"MPI error: {describe_error(value)}"
+        found = []
+        for i, status in enumerate(self.statuses[:len(self.transfers) - index]):
+            if raw:
+                size = MPI._sizeof(MPI.Status)
+                ctypes.memmove(MPI._addressof(status), _address(self._status_words) + i * size,
+                               size)
+            err = status.Get_error()
+            if err not in (MPI.SUCCESS, MPI.ERR_PENDING):
+                t = self.transfers[index + i]
+                found.append(f"a message from rank {t.peer} is longer than the {t.nbytes} "
+                             f"bytes the schedule expects"
+                             if MPI.Get_error_class(err) == MPI.ERR_TRUNCATE
+                             else f"transfer with rank {t.peer}: {describe_error(err)}")
+        return "; ".join(found) or f"MPI error: {describe_error(value)}"
+
+    def free(self):
+        if not MPI.Is_finalized():
+            for req in self.requests:
+                if req:
+                    req.Free()
+        self.requests, self._ranges, self.compiled = [], {}, None
+
+
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+# --- the MPI library's own collectives --------------------------------------------------------
+
+@lru_cache(maxsize=None)
+def native_dtype_ok(dtype) -> bool:
+    """True when the MPI library has a datatype for ``dtype`` (bfloat16 has none)."""
+    try:
+        from_numpy_dtype(dtype)
+    except (ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
+def native_call(collective, comm, inp, out, op, root=0, *, overlap, copy, buffer):
+    """Run the MPI library's own collective on ``inp`` and ``out``.
+
+    Overlapping buffers (``overlap(inp, out)``) mean in place, in MPI's sense for each
+    collective; ``copy(dst, src)`` copies, ``buffer(x)`` gives what mpi4py takes.
+    """
+    in_place = overlap(inp, out)
+    if collective == "bcast" and comm.Get_rank() == root and not in_place:
+        copy(out, inp)
+    inp, out = buffer(inp), buffer(out)
+    send = MPI.IN_PLACE if in_place else inp
+    if collective == "allreduce":
+        comm.Allreduce(send, out, mpi_op(op))
+    elif collective == "reduce_scatter":  # in place: the p blocks are in inp, the result first
+        comm.Reduce_scatter_block(send, inp if in_place else out, mpi_op(op))
+    elif collective == "allgather":
+        comm.Allgather(send, out)
+    elif collective == "bcast":
+        comm.Bcast(out, root)
+    elif collective == "reduce":
+        if in_place and comm.Get_rank() != root:
+            send = inp
+        comm.Reduce(send, out, mpi_op(op), root)
+    else:
+        raise ValueError(collective)
+
+
+def abort_job(message: str) -> None:
+    """Print ``message`` and end the whole MPI job, as MPI's fatal error handler does."""
+    import sys
+    print(message, file=sys.stderr, flush=True)
+    MPI.COMM_WORLD.Abort(1)
