@@ -29,7 +29,7 @@ from mpi4py import MPI
 from mpi4py.util.dtlib import from_numpy_dtype
 
 from .compress import get_compressor
-from .sync import Mode, StepInfo, pack_header, recv_bytes, unpack_header
+from .sync import Mode, StepInfo, checkpoint_arrays, pack_header, recv_bytes, unpack_header
 
 __all__ = ["AsyncPS"]
 
@@ -161,7 +161,7 @@ class AsyncPS(Mode):
     # server
 
     def _pull_request(self, src, code):
-        """Answer a pull from ``src``: the code (server 0's; CONTINUE from the others), the clock, the shard."""
+        """Answer a pull from ``src``: the code (server 0's), this shard's clock and the shard."""
         self.comm.Recv([_EMPTY, MPI.BYTE], src, TAG_PULL)
         self.got_pull[src] += 1
         self.wire.send(np.array([code if self.rank == 0 else CONTINUE, self.applied], np.int64),
@@ -245,7 +245,8 @@ class AsyncPS(Mode):
             return
         st = MPI.Status()
         for w in range(self.k, self.size):
-            while self.got_push[w] < sent[w, self.rank] or self.got_pull[w] < sent[w, self.k + self.rank]:
+            pushes, pulls = sent[w, self.rank], sent[w, self.k + self.rank]
+            while self.got_push[w] < pushes or self.got_pull[w] < pulls:
                 self.comm.Probe(w, MPI.ANY_TAG, st)
                 if st.Get_tag() == TAG_PUSH:
                     self._push(w)
@@ -258,7 +259,8 @@ class AsyncPS(Mode):
         cnt = np.concatenate([counts, np.zeros(self.workers, int)])
         dsp = np.concatenate([self.bounds[:-1], np.zeros(self.workers, int)])
         for arr in (c.params, c.opt.velocity):
-            mine = self._shard(arr, self.rank).copy() if self.rank < self.k else np.zeros(0, c.dtype)
+            mine = (self._shard(arr, self.rank).copy() if self.rank < self.k
+                    else np.zeros(0, c.dtype))
             self.wire.allgatherv(mine, [arr, cnt, dsp, from_numpy_dtype(arr.dtype)])
 
     def annotate(self, rows):
@@ -308,17 +310,12 @@ class AsyncPS(Mode):
         states = self.comm.gather(mine, root=0)
         if self.rank:
             return None
-        arrays = {name: np.concatenate([states[s][name] for s in range(self.k)])
-                  for name in ("params", "velocity")}
-        for r in range(self.k, self.size):
-            for k, v in states[r].items():
-                arrays[f"rank{r}_{k}"] = np.asarray(v)
-        return arrays
+        params, velocity = (np.concatenate([states[s][name] for s in range(self.k)])
+                            for name in ("params", "velocity"))
+        return checkpoint_arrays(params, velocity,
+                                 ((r, states[r]) for r in range(self.k, self.size)))
 
-    def load_state(self, arrays):
-        c = self.ctx
-        c.params[...] = arrays["params"]
-        c.opt.velocity[...] = arrays["velocity"]
+    def load_rank_state(self, arrays):
         if not self.is_worker:
             return
         for s, comp in enumerate(self.comps):

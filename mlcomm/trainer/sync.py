@@ -16,7 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 __all__ = ["StepInfo", "Mode", "BSP", "SSP", "Backup", "recv_bytes", "pack_header",
-           "unpack_header"]
+           "unpack_header", "checkpoint_arrays"]
 
 TAG_DELTA, TAG_GRAD, TAG_PARAMS = 101, 102, 103
 
@@ -74,6 +74,15 @@ def _buckets(tensors, limit_bytes, itemsize, total):
     return out
 
 
+def checkpoint_arrays(params, velocity, rank_states):
+    """The checkpoint's arrays: the shared ones, then each rank's own as ``rank<r>_<name>``."""
+    arrays = {"params": params, "velocity": velocity}
+    for r, state in rank_states:
+        for k, v in state.items():
+            arrays[f"rank{r}_{k}"] = np.asarray(v)
+    return arrays
+
+
 def _columns(updates, samples, stale_mean=0.0, stale_max=0, dropped=0):
     return {"updates": updates, "samples": samples, "staleness_mean": stale_mean,
             "staleness_max": stale_max, "dropped": dropped}
@@ -126,17 +135,17 @@ class Mode:
         states = self.comm.gather(c.rank_state(), root=0)
         if self.rank:
             return None
-        arrays = {"params": c.params, "velocity": c.opt.velocity}
-        for r, st in enumerate(states):
-            for k, v in st.items():
-                arrays[f"rank{r}_{k}"] = np.asarray(v)
-        return arrays
+        return checkpoint_arrays(c.params, c.opt.velocity, enumerate(states))
 
     def load_state(self, arrays):
         c = self.ctx
         c.params[...] = arrays["params"]
         c.opt.velocity[...] = arrays["velocity"]
-        c.load_rank_state(arrays, self.rank)
+        self.load_rank_state(arrays)
+
+    def load_rank_state(self, arrays):
+        """Take this rank's own state (keys ``rank<r>_...``), where the checkpoint has it."""
+        self.ctx.load_rank_state(arrays, self.rank)
 
 
 class BSP(Mode):
@@ -336,8 +345,8 @@ class SSP(Mode):
                 arrays[f"rank{r}_velocity"] = v
         return arrays
 
-    def load_state(self, arrays):
-        super().load_state(arrays)
+    def load_rank_state(self, arrays):
+        super().load_rank_state(arrays)
         key = f"rank{self.rank}_velocity"
         if key in arrays:
             self.ctx.opt.velocity[...] = arrays[key]
