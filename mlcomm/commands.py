@@ -313,9 +313,9 @@ def _verify(args) -> int:
     cases = sum(r.cases for r in rows)
     skipped = sum(r.status == "SKIP" for r in rows)
     if comm.Get_rank() == 0:
-        print(f"mlcomm verify: {comm.Get_size()} ranks; every result compared with "
-              f"MPI_Allreduce, across ranks bit for bit, in dtype and shape, and the input "
-              f"checked unchanged")
+        print(f"mlcomm verify: {comm.Get_size()} ranks; each result against MPI_Allreduce's, "
+              f"across ranks bit for bit,")
+        print("in dtype and shape, and with the input unchanged")
         print(f"{'algorithm':28s} {'dtype':10s} {'cases':>6s} {'failed':>6s} {'time(s)':>8s}  "
               f"result")
         for r in rows:

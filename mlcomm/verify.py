@@ -43,6 +43,7 @@ class Row:
     seconds: float = 0.0
     first_failure: str = ""
     skipped: str = ""          # why there is no case, when there is none
+    note: str = ""             # ops left out of a row that has cases, and why
 
     @property
     def status(self) -> str:
@@ -52,7 +53,9 @@ class Row:
     def verdict(self) -> str:
         if self.failures:
             return f"FAIL ({self.first_failure})"
-        return f"SKIP ({self.skipped})" if not self.cases else "PASS"
+        if not self.cases:
+            return f"SKIP ({self.skipped})"
+        return f"PASS ({self.note})" if self.note else "PASS"
 
 
 def sample(dtype, op, count, rank, seed=0):
@@ -114,13 +117,28 @@ def _problem(got, x, x_before, want, p, op, in_place) -> str:
     return ""
 
 
-def _skip_reason(name, dtype, ops) -> str:
-    """Why ``name`` x ``dtype`` has no case, or '' when it has some."""
-    if name == MPI_NATIVE and dtype in _NARROW_FLOATS:
+def _mpi_lacks(dtype, op) -> str:
+    """Why the MPI library cannot reduce ``dtype`` with ``op`` itself, or ''."""
+    if dtype in _NARROW_FLOATS:
         return f"MPI has no {dtype.name} reduction"
-    if not any(kernels.is_supported(dtype, op) for op in ops):
-        return f"no op of {','.join(ops)} applies to {dtype.name}"
+    if dtype.kind == "b" and op in ("band", "bor", "bxor"):
+        return "MPI has no bitwise op on bool"
     return ""
+
+
+def _plan_row(name, dtype, ops) -> tuple:
+    """``(ops to run, why some or all are left out)`` for ``name`` x ``dtype``."""
+    ops = [op for op in ops if kernels.is_supported(dtype, op)]
+    if not ops:
+        return [], "no op given applies to " + dtype.name
+    lacks = {op: _mpi_lacks(dtype, op) for op in ops} if name == MPI_NATIVE else {}
+    left_out = [op for op in ops if lacks.get(op)]
+    run = [op for op in ops if op not in left_out]
+    if not left_out:
+        return run, ""
+    reasons = dict.fromkeys(lacks[op] for op in left_out)
+    return run, "; ".join(reasons) if not run else \
+        f"{','.join(left_out)} left out: {'; '.join(reasons)}"
 
 
 def _corrupt_rank():
@@ -149,7 +167,8 @@ def verify(comm=None, algorithms=None, dtypes=None, ops=None, counts=None, seed=
     every rank, the result has the input's dtype and shape, matches ``MPI_Allreduce``
     (exactly for integers, min/max and logic), the input is unchanged, and the result is
     bit-identical across ranks.  A row with no case (``mpi`` on float16, or no op that
-    applies to the dtype) is skipped and says why.
+    applies to the dtype) is skipped and says why; so does a row that leaves some ops out
+    (``mpi`` has no bitwise op on bool).
     """
     comm = MPI.COMM_WORLD if comm is None else comm
     algorithms, dtypes, ops = _check_names(algorithms, dtypes, ops)
@@ -160,11 +179,11 @@ def verify(comm=None, algorithms=None, dtypes=None, ops=None, counts=None, seed=
     for name in algorithms:
         for dname in dtypes:
             dtype = _BY_NAME[dname]
-            row = Row(name, dname, skipped=_skip_reason(name, dtype, ops))
+            row_ops, why = _plan_row(name, dtype, ops)
+            row = Row(name, dname, skipped=why if not row_ops else "",
+                      note=why if row_ops else "")
             start = time.perf_counter()
-            for op in ops if not row.skipped else ():
-                if not kernels.is_supported(dtype, op):
-                    continue
+            for op in row_ops:
                 for count in counts:
                     x = sample(dtype, op, count, rank, seed)
                     want = reference(comm, x, op)
