@@ -97,24 +97,22 @@ def _argument(parse):
     return convert
 
 
-def _positive(text) -> int:
+def _whole(text, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise ValueError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise ValueError(f"must be 1 or more, got {value}")
+    if value < least:
+        raise ValueError(f"must be {least} or more, got {value}")
     return value
+
+
+def _positive(text) -> int:
+    return _whole(text, 1)
 
 
 def _non_negative(text) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise ValueError(f"must be 0 or more, got {value}")
-    return value
+    return _whole(text, 0)
 
 
 def _size(text) -> int:
@@ -270,18 +268,20 @@ def write_text(path, text: str) -> None:
 # --- info -----------------------------------------------------------------------------
 
 def _info(args) -> int:
+    from importlib.metadata import version
+
     import mpi4py
     import numpy
     from mpi4py import MPI
 
-    from . import __version__, kernels
     from .algorithms import COLLECTIVES
     from .gpu import cuda_aware_decision
+    from .kernels import backends
     from .profile import load_profile
     from .staging import chunk_bytes
     if MPI.COMM_WORLD.Get_rank():
         return 0
-    print(f"mlcomm      {__version__}")
+    print(f"mlcomm      {version('mlcomm')}")
     print(f"python      {platform.python_version()}")
     print(f"numpy       {numpy.__version__}")
     print(f"mpi4py      {mpi4py.__version__}")
@@ -290,7 +290,7 @@ def _info(args) -> int:
     print(f"CUDA-aware  {cuda_aware_decision()}")
     print(f"staging     {chunk_bytes()}-byte chunks when not CUDA-aware "
           f"(MLCOMM_STAGING_CHUNK_BYTES)")
-    for name, state in kernels.backends().items():
+    for name, state in backends().items():
         print(f"kernel      {name:6s} {state}")
     profile = load_profile()
     tuned = ", ".join(sorted(profile.tuned, key=int)) or "none (mlcomm tune)"

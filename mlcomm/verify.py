@@ -15,21 +15,19 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from . import api, kernels
 from .algorithms import ALGORITHMS, MPI_NATIVE, resolve
+from .api import IN_PLACE, allreduce
 from .benchmark.harness import corrupt
+from .kernels import BFLOAT16, DTYPES, OPS, is_supported, normalize_op, supported_dtypes
 
 __all__ = ["DTYPES", "OPS", "CORRUPT_RANK_ENV", "Row", "sample", "reference", "close",
            "verify"]
 
-#: Every dtype the kernels support, by name: the default of :func:`verify`.
-DTYPES = kernels.DTYPES
-OPS = kernels.OPS
 #: Test hook: the rank named here changes one element of each result before it is checked.
 CORRUPT_RANK_ENV = "MLCOMM_VERIFY_CORRUPT_RANK"
 
-_BY_NAME = {d.name: d for d in kernels.supported_dtypes()}
-_NARROW_FLOATS = (np.dtype(np.float16), kernels.BFLOAT16)
+_BY_NAME = {d.name: d for d in supported_dtypes()}
+_NARROW_FLOATS = (np.dtype(np.float16), BFLOAT16)
 
 
 @dataclass
@@ -94,7 +92,7 @@ def close(got, want, p, op):
     """Exact for integers, min/max and logic; a rounding-error bound for sums and products."""
     if got.dtype.kind in "iub" or op in ("min", "max"):
         return np.array_equal(got.astype(want.dtype), want)
-    if got.dtype == kernels.BFLOAT16:
+    if got.dtype == BFLOAT16:
         eps = 2.0 ** -7
     else:
         eps = float(np.finfo(got.dtype).eps)
@@ -128,7 +126,7 @@ def _mpi_lacks(dtype, op) -> str:
 
 def _plan_row(name, dtype, ops) -> tuple:
     """``(ops to run, why some or all are left out)`` for ``name`` x ``dtype``."""
-    ops = [op for op in ops if kernels.is_supported(dtype, op)]
+    ops = [op for op in ops if is_supported(dtype, op)]
     if not ops:
         return [], "no op given applies to " + dtype.name
     lacks = {op: _mpi_lacks(dtype, op) for op in ops} if name == MPI_NATIVE else {}
@@ -154,7 +152,7 @@ def _check_names(algorithms, dtypes, ops):
     if bad:
         raise ValueError(f"unknown dtype {', '.join(map(repr, bad))}; "
                          f"choose from {', '.join(DTYPES)}")
-    ops = [kernels.normalize_op(op) for op in ops] if ops else list(OPS)
+    ops = [normalize_op(op) for op in ops] if ops else list(OPS)
     return algorithms, dtypes, ops
 
 
@@ -192,9 +190,9 @@ def verify(comm=None, algorithms=None, dtypes=None, ops=None, counts=None, seed=
                         x_before = x.copy()
                         if in_place:
                             got = x.copy()
-                            api.allreduce(api.IN_PLACE, got, op, comm=comm, algorithm=name)
+                            allreduce(IN_PLACE, got, op, comm=comm, algorithm=name)
                         else:
-                            got = api.allreduce(x, None, op, comm=comm, algorithm=name)
+                            got = allreduce(x, None, op, comm=comm, algorithm=name)
                         if rank == bad_rank and isinstance(got, np.ndarray):
                             corrupt(got)
                         problem = _problem(got, x, x_before, want, p, op, in_place)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from .harness import format_size
+
 __all__ = ["plot_sweep", "plot_vs_ranks", "model_times"]
 
 _BASELINE = "mpi"
@@ -85,7 +87,7 @@ def plot_sweep(records, path, *, title=None, model=True):
     from matplotlib.ticker import FuncFormatter
     for ax in (ax_t, ax_b):
         ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _short(x)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: format_size(int(round(x)))))
         ax.set_xlabel("message size (bytes)")
         ax.grid(True, which="both", alpha=0.3)
     ax_t.set_yscale("log")
@@ -146,10 +148,3 @@ def _fmt(n):
             return f"{n >> k} {unit}"
     return f"{n} B" if not math.isnan(n) else "?"
 
-
-def _short(x):
-    n = int(round(x))
-    for unit, k in (("G", 30), ("M", 20), ("K", 10)):
-        if n >= 1 << k and n % (1 << k) == 0:
-            return f"{n >> k}{unit}"
-    return str(n)
