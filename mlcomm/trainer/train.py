@@ -5,9 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -16,8 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..algorithms import resolve
-from . import checkpoint as _ckpt
-from .checkpoint import CheckpointError
+from . import resume
 from .compress import get_compressor
 from .data import batch_indices, load, shard
 from .metrics import write_metrics
@@ -245,146 +242,6 @@ class _Context:
         return self.model.accuracy(self.params, self.data.x_test, self.data.y_test)
 
 
-def _meta(ctx, step):
-    c = ctx.cfg
-    return {"step": int(step), "sync": c.sync, "model": ctx.model.name, "sizes": ctx.model.sizes,
-            "n_params": ctx.model.size, "ranks": ctx.size, "seed": c.seed, "data": c.data,
-            "dtype": c.dtype, "compress": c.compress, "batch_size": c.batch_size,
-            "servers": c.servers if c.sync == "async" else 0,
-            "backup_workers": c.backup_workers, "global_batch": ctx.global_batch,
-            "lr_target": ctx.lr_at(c.warmup)}
-
-
-def _save(ctx, mode, step, *, collective=True):
-    """Write a checkpoint (collective for every mode but backup's periodic ones)."""
-    if collective:
-        arrays = mode.gather_state()
-    else:  # backup workers: rank 0 holds the parameters and the velocity
-        arrays = {"params": ctx.params, "velocity": ctx.opt.velocity} if ctx.rank == 0 else None
-    if ctx.rank == 0:
-        _ckpt.save(ctx.cfg.checkpoint, arrays, _meta(ctx, step))
-
-
-def _run_label(sync, ranks, servers=0, backup_workers=0):
-    if sync == "async":
-        return f"P={ranks} async (--servers {servers})"
-    if sync == "backup":
-        return f"P={ranks} backup (--backup-workers {backup_workers})"
-    return f"P={ranks} {sync}"
-
-
-def _check_fits(ctx, meta):
-    """Raise CheckpointError unless the checkpoint holds this run's model and sync mode."""
-    path, cfg = ctx.cfg.checkpoint, ctx.cfg
-    if meta["n_params"] != ctx.model.size or list(meta["sizes"]) != ctx.model.sizes:
-        raise CheckpointError(
-            f"checkpoint {path} holds a {meta['model']} model with layers {meta['sizes']} "
-            f"({meta['n_params']} parameters); this run builds {ctx.model.name} "
-            f"{ctx.model.sizes} ({ctx.model.size}): resume with the --model, --hidden, --params "
-            f"and --data it was written with, or pass another --checkpoint")
-    if meta["sync"] != cfg.sync:
-        was = _run_label(meta["sync"], meta["ranks"], meta.get("servers", 1),
-                         meta.get("backup_workers", 0))
-        option = {"backup": f"--backup-workers {meta.get('backup_workers', 'B')}",
-                  "bsp": "--sync bsp and no --backup-workers"}.get(meta["sync"],
-                                                                   f"--sync {meta['sync']}")
-        raise CheckpointError(
-            f"checkpoint {path} was written by a {was} run; this run is "
-            f"{_run_label(cfg.sync, ctx.size, cfg.servers, cfg.backup_workers)}: resume with "
-            f"{option}, or pass another --checkpoint")
-
-
-_RANK_STATE = [  # (key pattern after rank<r>_, what it is, what happens when it is not carried)
-    (r"comp\d*_residual", "topk error-feedback residuals", "they start at zero"),
-    (r"comp\d*_rng", "qsgd random streams", "they restart from the seed"),
-    (r"velocity", "per-rank momentum", "every rank starts from rank 0's"),
-    (r"local", "worker batch positions", "workers restart at step/workers"),
-]
-
-
-def _carry(ctx, arrays, meta):
-    """Drop the per-rank state this run cannot take; return (arrays, note or None).
-
-    Per-rank state is carried only to the same P, compressor and servers.  The
-    note, one line, says what changed: P, the global batch and the learning
-    rate, and the per-rank state left behind.
-    """
-    cfg, path = ctx.cfg, ctx.cfg.checkpoint
-    changes = []
-    if meta["ranks"] != ctx.size:
-        changes.append(f"on P={ctx.size}")
-    if meta.get("compress", cfg.compress) != cfg.compress:
-        changes.append(f"--compress {meta['compress']} -> {cfg.compress}")
-    if cfg.sync == "async" and meta.get("servers", cfg.servers) != cfg.servers:
-        changes.append(f"--servers {meta['servers']} -> {cfg.servers}")
-    if not changes:
-        return arrays, None
-    parts = []
-    old_workers = meta["ranks"] - meta.get("servers", 0)
-    old_batch = meta.get("global_batch", meta.get("batch_size", cfg.batch_size) * old_workers)
-    if old_batch != ctx.global_batch:
-        parts.append(f"global batch {old_batch} -> {ctx.global_batch}")
-    else:
-        parts.append(f"global batch kept at {ctx.global_batch}")
-    old_lr = meta.get("lr_target", ctx.lr_at(cfg.warmup, old_batch))
-    new_lr = ctx.lr_at(cfg.warmup)
-    if not math.isclose(old_lr, new_lr, rel_tol=1e-9):
-        parts.append(f"learning rate {old_lr:g} -> {new_lr:g} (--lr-scaling {cfg.lr_scaling})")
-    else:
-        parts.append(f"learning rate kept at {new_lr:g} (--lr-scaling {cfg.lr_scaling})")
-    ranks, dropped = set(), []
-    for pattern, what, then in _RANK_STATE:
-        keys = [k for k in arrays if re.fullmatch(rf"rank\d+_{pattern}", k)]
-        if keys:
-            ranks.update(int(re.match(r"rank(\d+)_", k).group(1)) for k in keys)
-            dropped.append(f"{what} ({then})")
-    if dropped:
-        parts.append(f"not carried: the {len(ranks)} old ranks' " + " and ".join(dropped))
-    else:
-        parts.append("no per-rank state to carry")
-    arrays = {k: v for k, v in arrays.items() if not k.startswith("rank")}
-    note = (f"resuming {path} (step {meta['step']}, written by {meta['ranks']} ranks) "
-            f"{', '.join(changes)}: " + "; ".join(parts))
-    return arrays, note
-
-
-def _load(ctx, mode):
-    """Read the checkpoint on rank 0, check it fits, broadcast it; return the step to continue from.
-
-    A checkpoint that cannot be read or does not fit this run raises
-    CheckpointError, with the same one-line message, on every rank.
-    """
-    path, got = ctx.cfg.checkpoint, None
-    if ctx.rank == 0 and os.path.exists(path):
-        try:
-            arrays, meta = _ckpt.load(path)
-            _check_fits(ctx, meta)
-            got = (*_carry(ctx, arrays, meta), meta)
-        except CheckpointError as exc:
-            got = str(exc)
-        except Exception as exc:  # metadata of unexpected types
-            got = (f"checkpoint {path} holds metadata this run cannot read "
-                   f"({type(exc).__name__}: {exc}); {_ckpt.REMEDY}")
-    got = ctx.comm.bcast(got, root=0)
-    if got is None:
-        return 0
-    if isinstance(got, str):
-        raise CheckpointError(got)
-    arrays, note, meta = got
-    if note and ctx.rank == 0:
-        print(f"mlcomm train: {note}", file=sys.stderr, flush=True)
-    try:
-        mode.load_state(arrays)
-        error = None
-    except Exception as exc:
-        error = (f"checkpoint {path} holds state this run cannot load "
-                 f"({type(exc).__name__}: {exc}); {_ckpt.REMEDY}")
-    error = next((e for e in ctx.comm.allgather(error) if e), None)
-    if error:
-        raise CheckpointError(error)
-    return int(meta["step"])
-
-
 def train(config: TrainConfig | None = None, *, comm=None, **options) -> TrainResult:
     """Train on ``comm`` (default COMM_WORLD); every rank calls it and gets a TrainResult.
 
@@ -416,10 +273,10 @@ def _totals(rows):
 def _train(cfg, comm):
     ctx = _Context(cfg, comm)
     mode = MODES[cfg.sync](ctx)
-    start = _load(ctx, mode) if cfg.resume else 0
+    start = resume.load(ctx, mode) if cfg.resume else 0
     t = mode.resume_at(start)
-    ctx.checkpoint = lambda step: _save(ctx, mode, step)
-    term_at = int(os.environ.get("MLCOMM_TRAIN_SIGTERM_AT", -1))    # test hook: SIGTERM to last rank
+    ctx.checkpoint = lambda step: resume.save(ctx, mode, step)
+    term_at = int(os.environ.get("MLCOMM_TRAIN_SIGTERM_AT", -1))  # test hook: SIGTERM, last rank
 
     previous = None
     if threading.current_thread() is threading.main_thread():
@@ -472,10 +329,10 @@ def _train(cfg, comm):
                 if cfg.checkpoint and cfg.checkpoint_every and t % cfg.checkpoint_every == 0 \
                         and t < cfg.steps and not info.stop and mode.periodic_checkpoints:
                     if isinstance(mode, Backup):
-                        _save(ctx, mode, t, collective=False)
+                        resume.save(ctx, mode, t, collective=False)
                     else:
                         mode.sync_point(t)
-                        _save(ctx, mode, t)
+                        resume.save(ctx, mode, t)
                 if info.stop:
                     break
         mode.finish()
@@ -483,7 +340,7 @@ def _train(cfg, comm):
         mode.annotate(rows)
         stopped = step < cfg.steps
         if cfg.checkpoint:
-            _save(ctx, mode, step)
+            resume.save(ctx, mode, step)
     finally:
         if bar is not None:
             bar.close()
@@ -495,9 +352,9 @@ def _train(cfg, comm):
         if rows:
             rows[-1]["test_accuracy"] = acc
         if cfg.metrics:
-            write_metrics(cfg.metrics, rows, {**_meta(ctx, step), "config": _jsonable(cfg),
-                                              "stopped": stopped, "wall_s": wall,
-                                              "start": start, **_totals(rows)})
+            write_metrics(cfg.metrics, rows, {**resume.describe(ctx, step),
+                                              "config": _jsonable(cfg), "stopped": stopped,
+                                              "wall_s": wall, "start": start, **_totals(rows)})
     acc, rows = comm.bcast((acc, rows), root=mode.logger_rank)
     return TrainResult(params=ctx.params, step=step, test_accuracy=acc, metrics=rows,
                        stopped=stopped, bytes_sent=ctx.wire.total, wall_s=wall,
