@@ -79,18 +79,29 @@ def config_from_args(args):
     return TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
 
 
+def _checker(parser):
+    """The parser's ``validate``: every option against the job's size, as ``train`` checks them."""
+    def check(args):
+        from mpi4py import MPI
+        from .train import validate
+        try:
+            validate(config_from_args(args), MPI.COMM_WORLD.Get_size())
+        except ValueError as exc:
+            parser.error(str(exc))
+    return check
+
+
 def _run(args) -> int:
     from mpi4py import MPI
+    from .checkpoint import CheckpointError
     from .train import train
-    rank = MPI.COMM_WORLD.Get_rank()
     try:
-        cfg = config_from_args(args)
-        result = train(cfg)
-    except ValueError as exc:
-        if rank == 0:
+        result = train(config_from_args(args))
+    except CheckpointError as exc:  # raised alike on every rank: print once, all exit
+        if MPI.COMM_WORLD.Get_rank() == 0:
             print(f"mlcomm train: error: {exc}", file=sys.stderr)
         return 2
-    if rank == 0:
+    if MPI.COMM_WORLD.Get_rank() == 0:
         state = "stopped by SIGTERM at" if result.stopped else "finished"
         print(f"{state} step {result.step}: test accuracy {result.test_accuracy:.4f}, "
               f"job wall {result.wall_s:.2f} s, rank 0 sent {result.bytes_sent} bytes"
@@ -106,4 +117,4 @@ def register(subparsers) -> None:
                     "parameter server) with optional gradient compression. "
                     "Run as: mpiexec -n P mlcomm train [options]")
     add_arguments(p)
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_run, validate=_checker(p))
