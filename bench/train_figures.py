@@ -57,6 +57,13 @@ def _moving_mean(values, n):
     return out
 
 
+def _mean_staleness(rows):
+    """Mean staleness over every update applied in the run."""
+    weighted = [(r["staleness_mean"], r["updates"]) for r in rows
+                if r["updates"] and r["staleness_mean"] == r["staleness_mean"]]
+    return sum(m * n for m, n in weighted) / max(1, sum(n for _, n in weighted))
+
+
 def _write(path, runs, cols):
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
@@ -109,6 +116,7 @@ def _train_all(args):
                     "samples": sum(r["samples"] for r in rows),
                     "test_accuracy": res.test_accuracy,
                     "dropped": sum(r["dropped"] for r in rows),
+                    "staleness_mean": _mean_staleness(rows),
                     "staleness_max": max((r["staleness_max"] for r in rows), default=0)}
                 if rank == 0:
                     print(f"{name:32s} steps={steps:5d} job wall={res.wall_s:6.2f} s "
@@ -184,7 +192,8 @@ def _plot_straggler(meta):
     for name, v in summary.items():
         print(f"  {name:32s} steps={v['steps']:5d} job wall={v['job_wall_s']:6.2f}s "
               f"samples={v['samples']} acc={v['test_accuracy']:.4f} dropped={v['dropped']} "
-              f"staleness max={v['staleness_max']}")
+              f"staleness mean={v.get('staleness_mean', float('nan')):.2f} "
+              f"max={v['staleness_max']}")
 
 
 def _plot_compress(meta):
