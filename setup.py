@@ -1,5 +1,7 @@
 from setuptools import setup
 
+DOCS = ["sphinx>=7", "furo>=2024.1"]   # the test suite builds the docs too
+
 setup(
     name="mlcomm",
     version="0.1.0",
@@ -23,7 +25,8 @@ setup(
     extras_require={
         "mpich": ["mpich>=4.1"],
         "cupy": ["cupy-cuda12x>=13"],
-        "test": ["pytest>=7", "pytest-mpi>=0.6", "hypothesis>=6"],
+        "docs": DOCS,
+        "test": ["pytest>=7", "pytest-mpi>=0.6", "hypothesis>=6", *DOCS],
     },
     entry_points={"console_scripts": ["mlcomm = mlcomm.cli:main"]},
 )

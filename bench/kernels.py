@@ -1,7 +1,7 @@
-"""Issue 5's kernel target: reduction GB/s over copy GB/s, median of repeated runs.
+"""The kernel target: reduction GB/s over copy GB/s, median of repeated runs.
 
     python bench/kernels.py                 # 3 runs, 1 MiB..256 MiB, 4 dtypes; ~10 minutes
-    python bench/kernels.py --runs 5 --dtype float32 --max-bytes 64M
+    python bench/kernels.py --runs 5 -d float32 -e 64M
 
 Each run is one ``mlcomm bench --kernels`` process timing NumPy, Numba on 1 thread and Numba
 on its own thread count side by side, alternating reduction and copy. Per row the median over
@@ -19,6 +19,8 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from mlcomm.cli import parse_args
 
 HERE = Path(__file__).resolve().parent
 _KEY = ("backend", "threads", "dtype", "op", "nbytes")
@@ -49,16 +51,18 @@ def medians(runs: list) -> list:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--dtype", default="float32,float16,bfloat16,int32")
-    parser.add_argument("--min-bytes", default="1M")
-    parser.add_argument("--max-bytes", default="256M")
-    parser.add_argument("--iters", type=int, default=10, help="timed repeats per row and run")
+    parser.add_argument("-d", "--dtype", default="float32,float16,bfloat16,int32")
+    parser.add_argument("-b", "--min-bytes", default="1M")
+    parser.add_argument("-e", "--max-bytes", default="256M")
+    parser.add_argument("-n", "--iters", type=int, default=10,
+                        help="timed repeats per row and run")
     parser.add_argument("--output", default=str(HERE / "results" / "kernels.json"))
-    args = parser.parse_args()
+    args = parse_args(parser)
     from tqdm import tqdm
 
     from mlcomm.benchmark.report import format_kernels
-    runs = [one_run(args) for _ in tqdm(range(args.runs), desc="kernel runs", leave=False)]
+    runs = [one_run(args) for _ in tqdm(range(args.runs), desc="kernel runs", leave=False,
+                                        disable=not sys.stderr.isatty())]
     rows = medians(runs)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=HERE).stdout.strip()

@@ -1,7 +1,7 @@
-"""Issue 5's memory target: the extra resident memory one all-reduce needs, in vectors.
+"""The memory target: the extra resident memory one all-reduce needs, in vectors.
 
     python bench/memory.py                          # P = 2 and 4, 256 MiB float32 per rank
-    python bench/memory.py --ranks 2 --bytes 64M
+    python bench/memory.py -p 2 -s 64M
 
 Each case (algorithm and options) runs as its own ``mpiexec`` job, one after the other, so
 no case inherits another's peak. In a job every rank
@@ -27,6 +27,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+from mlcomm.cli import parse_args
 
 HERE = Path(__file__).resolve().parent
 
@@ -102,7 +104,7 @@ def one_job(ranks, algorithm, options, nbytes) -> dict:
     mpiexec = Path(sys.executable).with_name("mpiexec")
     cmd = [str(mpiexec), "-n", str(ranks), sys.executable, str(Path(__file__).resolve()),
            "--worker", "--algorithm", algorithm, "--options", json.dumps(options),
-           "--bytes", str(nbytes)]
+           "--size", str(nbytes)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
@@ -139,21 +141,22 @@ def _metadata(nbytes) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", default="2,4", help="process counts, one job each")
-    parser.add_argument("--bytes", default="256M", help="vector size per rank")
+    parser.add_argument("-p", "--ranks", default="2,4", help="process counts, one job each")
+    parser.add_argument("-s", "--size", default="256M", help="vector size per rank")
     parser.add_argument("--output", default=str(HERE / "results" / "memory.json"))
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--algorithm", help=argparse.SUPPRESS)
     parser.add_argument("--options", default="{}", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser)
     from mlcomm.benchmark.harness import parse_size
-    args.bytes = parse_size(args.bytes)
+    args.bytes = parse_size(args.size)
     if args.worker:
         return worker(args)
     from tqdm import tqdm
     jobs = [(int(p), alg, opts) for p in args.ranks.split(",") for alg, opts in CASES]
     records = [one_job(p, alg, opts, args.bytes)
-               for p, alg, opts in tqdm(jobs, desc="memory jobs", leave=False)]
+               for p, alg, opts in tqdm(jobs, desc="memory jobs", leave=False,
+                                        disable=not sys.stderr.isatty())]
     Path(args.output).write_text(json.dumps({"metadata": _metadata(args.bytes),
                                              "records": records}, indent=1) + "\n")
     sys.stdout.write(format_table(records))

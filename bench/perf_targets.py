@@ -1,7 +1,7 @@
-"""Issue 5's performance table: best mlcomm algorithm / MPI_Allreduce, median of repeated runs.
+"""The performance table: best mlcomm algorithm / MPI_Allreduce, median of repeated runs.
 
     python bench/perf_targets.py                 # P = 2, 4; tune, then 3 runs each; ~4 minutes
-    python bench/perf_targets.py --runs 5 --ranks 2 --no-tune
+    python bench/perf_targets.py --runs 5 -p 2 --no-tune
 
 Per P it first runs ``mlcomm tune`` (the measured choices ``auto`` takes; they go into the
 profile, ``$MLCOMM_PROFILE`` or ``~/.cache/mlcomm/profile.json``), then ``--runs`` separate
@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from mlcomm.cli import parse_args
 
 HERE = Path(__file__).resolve().parent
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
@@ -77,11 +79,11 @@ def summarise(runs: list) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", default="2,4")
+    parser.add_argument("-p", "--ranks", default="2,4", help="process counts (default 2,4)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--no-tune", dest="tune", action="store_false",
                         help="keep the profile's tuned choices as they are")
-    args = parser.parse_args()
+    args = parse_args(parser)
     table = {}
     for p in map(int, args.ranks.split(",")):
         if args.tune:

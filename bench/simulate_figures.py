@@ -22,13 +22,13 @@ def main():
     FIGURES.mkdir(exist_ok=True)
     for name in analyzable():
         for p in (4, 5) if name in ("recursive_doubling", "recursive_halving_doubling") else (4,):
-            mlcomm(["draw", "--algorithm", name, "--ranks", str(p),
-                    "--out", str(FIGURES / f"{name}_p{p}.png")])
+            mlcomm(["draw", "-a", name, "-p", str(p),
+                    "--output", str(FIGURES / f"{name}_p{p}.png")])
     out = FIGURES / "simulated_latency_8B.png"
     with open(FIGURES / "simulated_latency_8B.txt", "w") as fh:
         sys.stdout, saved = fh, sys.stdout
         try:
-            mlcomm(["simulate", "--ranks", "2,4,...,4096", "--bytes", "8", "--plot", str(out),
+            mlcomm(["simulate", "-p", "2,4,...,4096", "-s", "8", "--plot", str(out),
                     "--no-progress", "--title", "default profile: alpha=2us, beta=0.08ns/B, "
                     "gamma=0.1ns/B, single-port"])
         finally:

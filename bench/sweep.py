@@ -2,7 +2,7 @@
 """Run ``mlcomm bench`` at several process counts, merge the results, draw the figures.
 
     python bench/sweep.py                       # P = 2, 3, 4, 8 -> bench/results, bench/*.png
-    python bench/sweep.py --ranks 2,4 --sizes 8,64K,16M
+    python bench/sweep.py -p 2,4 -s 8,64K,16M
     python bench/sweep.py --replot              # redraw the figures from bench/results
 
 Writes, for each P, ``results/allreduce_p{P}.json`` (the harness's records) and
@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from mlcomm.cli import parse_args
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DEFAULT_SIZES = "8,64,512,4K,32K,256K,2M,16M"
@@ -34,11 +36,12 @@ def _parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--ranks", default="2,3,4,8", help="process counts (default 2,3,4,8)")
-    p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes (default {DEFAULT_SIZES})")
-    p.add_argument("--algorithms", default="all")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--op", default="sum")
+    p.add_argument("-p", "--ranks", default="2,3,4,8", help="process counts (default 2,3,4,8)")
+    p.add_argument("-s", "--sizes", default=DEFAULT_SIZES,
+                   help=f"message sizes (default {DEFAULT_SIZES})")
+    p.add_argument("-a", "--algorithms", default="all")
+    p.add_argument("-d", "--dtype", default="float32")
+    p.add_argument("-o", "--op", default="sum")
     p.add_argument("--check", action="store_true", help="pass --check to every run")
     p.add_argument("--results", type=Path, default=HERE / "results", help="where the data goes")
     p.add_argument("--figures", type=Path, default=HERE, help="where the PNGs go")
@@ -102,11 +105,11 @@ def _run_one(args, p, mpiexec):
     out = args.results / f"allreduce_p{p}.json"
     png = args.figures / f"allreduce_p{p}.png"
     extra = [a for a in args.bench_args if a != "--"]
-    cmd = [mpiexec, "-n", str(p), sys.executable, "-m", "mlcomm.cli", "bench",
+    cmd = [mpiexec, "-n", str(p), sys.executable, "-m", "mlcomm", "bench",
            "--algorithms", args.algorithms, "--sizes", args.sizes, "--dtype", args.dtype,
            "--op", args.op, "--format", "json", "--output", str(out), "--plot", str(png),
            *(["--check"] if args.check else []), *extra]
-    print(f"$ {' '.join(cmd[:3])} python -m mlcomm.cli {' '.join(cmd[6:])}", flush=True)
+    print(f"$ {' '.join(cmd[:3])} python -m mlcomm {' '.join(cmd[6:])}", flush=True)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, timeout=args.timeout, cwd=ROOT)
     if proc.returncode:
@@ -149,7 +152,7 @@ def _draw(args, records, meta):
 
 
 def main(argv=None):
-    args = _parser().parse_args(argv)
+    args = parse_args(_parser(), argv)
     args.results.mkdir(parents=True, exist_ok=True)
     args.figures.mkdir(parents=True, exist_ok=True)
     if args.replot:

@@ -1,12 +1,19 @@
-"""Remake the trainer figures (run as an MPI job; rank 0 writes CSVs and PNGs).
+"""Remake the trainer figures (run as an MPI job; rank 0 writes CSVs, JSON and PNGs).
 
-    mpiexec -n 4 python bench/train_figures.py            # train every mode, then plot
-    python bench/train_figures.py --plot-only             # redraw from the committed CSVs
+    mpiexec -n 4 python bench/train_figures.py                 # train, then plot both figures
+    mpiexec -n 4 python bench/train_figures.py --only straggler
+    python bench/train_figures.py --plot-only                  # redraw from the committed CSVs
 
-Figure 1 (bench/train_straggler.png): BSP, SSP (s=2), backup workers (b=1) and
-an asynchronous parameter server (K=1) on digits, while one random rank per
-step sleeps --straggler-ms.  Figure 2 (bench/train_compress.png): BSP with each
-compressor, test accuracy against cumulative bytes sent by rank 0.
+Figure 1 (bench/train_straggler.png, .csv): BSP, SSP (s=2), backup workers
+(b=1) and an asynchronous parameter server (K=1) on digits, each with and
+without a persistent straggler (by default the last rank sleeps 30 ms every
+step).  Every run applies the same number of samples (``--steps`` synchronous
+steps of the global batch: backup runs P/(P-b) times the steps, async P times
+the updates of one worker's batch).  A run's end is the job's wall time, the
+longest of every rank's, from the start barrier to the last rank leaving.
+
+Figure 2 (bench/train_compress.png, .csv): BSP with each compressor, test
+accuracy against cumulative bytes sent by rank 0.
 """
 
 from __future__ import annotations
@@ -22,26 +29,59 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MODES = [("bsp", {}), ("ssp s=2", dict(sync="ssp", staleness=2)),
          ("backup b=1", dict(backup_workers=1)), ("async K=1", dict(sync="async", servers=1))]
 COMPRESSORS = ["none", "fp16", "qsgd:16", "qsgd:4", "topk:0.1", "topk:0.01"]
+STRAGGLER_COLS = ["run", "mode", "straggler", "step", "wall_s", "loss", "test_accuracy",
+                  "updates", "samples", "cum_samples", "staleness_mean", "staleness_max",
+                  "dropped", "bytes_sent", "cum_bytes", "job_wall_s"]
+COMPRESS_COLS = ["run", "step", "wall_s", "loss", "test_accuracy", "samples_per_s", "compute_s",
+                 "comm_s", "bytes_sent", "cum_bytes"]
 
 
-def _write(path, runs):
-    cols = ["run", "step", "wall_s", "loss", "test_accuracy", "samples_per_s", "compute_s",
-            "comm_s", "bytes_sent", "cum_bytes"]
+def _mode_steps(label, opts, steps, size):
+    """Steps (async: updates) that apply ``steps`` synchronous global batches of samples."""
+    if opts.get("sync") == "async":
+        return steps * size                        # one worker's batch an update
+    if opts.get("backup_workers"):
+        b = opts["backup_workers"]
+        return -(-steps * size // (size - b))      # P - b batches a step
+    return steps
+
+
+SMOOTH = 20
+
+
+def _moving_mean(values, n):
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v - (values[i - n] if i >= n else 0.0)
+        out.append(total / min(i + 1, n))
+    return out
+
+
+def _mean_staleness(rows):
+    """Mean staleness over every update applied in the run."""
+    weighted = [(r["staleness_mean"], r["updates"]) for r in rows
+                if r["updates"] and r["staleness_mean"] == r["staleness_mean"]]
+    return sum(m * n for m, n in weighted) / max(1, sum(n for _, n in weighted))
+
+
+def _write(path, runs, cols):
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
         w.writeheader()
         for label, rows in runs.items():
-            total = 0
+            cum_bytes = cum_samples = 0
             for r in rows:
-                total += int(r["bytes_sent"])
-                w.writerow({**r, "run": label, "cum_bytes": total})
+                cum_bytes += int(r["bytes_sent"])
+                cum_samples += int(r.get("samples", 0))
+                w.writerow({**r, "run": label, "cum_bytes": cum_bytes, "cum_samples": cum_samples})
 
 
 def _read(path):
     runs = defaultdict(list)
     with open(path, newline="") as fh:
         for r in csv.DictReader(fh):
-            runs[r["run"]].append({k: (v if k == "run" else float(v)) for k, v in r.items()})
+            runs[r["run"]].append({k: (v if k in ("run", "mode", "straggler") else float(v))
+                                   for k, v in r.items()})
     return dict(runs)
 
 
@@ -49,41 +89,118 @@ def _train_all(args):
     from mpi4py import MPI
     from mlcomm.trainer import train
 
-    size = MPI.COMM_WORLD.Get_size()
-    straggle = f"random:{args.straggler_ms:g}"
-    common = dict(steps=args.steps, progress=False, eval_every=5, algorithm=args.algorithm)
-    strag = {}
-    for label, opts in MODES:
-        res = train(straggler=straggle, **common, **opts)
-        strag[label] = res.metrics
-    comp = {}
-    for spec in COMPRESSORS:
-        res = train(compress=spec, **common)
-        comp[spec] = res.metrics
-    if MPI.COMM_WORLD.Get_rank() == 0:
-        meta = f"P={size}, straggler {straggle}, {args.steps} steps, algorithm {args.algorithm}"
-        print(meta)
+    size, rank = MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()
+    straggler = args.straggler or f"{size - 1}:30"
+    common = dict(progress=False, eval_every=5, algorithm=args.algorithm)
+    meta = {}
+    if rank == 0 and len(args.only) == 1:  # keep the other figure's record
+        try:
+            with open(os.path.join(HERE, "train_figures.json")) as fh:
+                meta = json.load(fh)
+        except (OSError, ValueError):
+            pass
+    meta.update(ranks=size, steps=args.steps, algorithm=args.algorithm)
+    if "straggler" in args.only:
+        meta.update(straggler=straggler, runs={})
+        strag = {}
+        for label, opts in MODES:
+            steps = _mode_steps(label, opts, args.steps, size)
+            for spec, tag in ((None, "none"), (straggler, straggler)):
+                res = train(steps=steps, straggler=spec, **common, **opts)
+                name = f"{label}, straggler {tag}"
+                strag[name] = [{**r, "mode": label, "straggler": tag, "job_wall_s": res.wall_s}
+                               for r in res.metrics]
+                rows = res.metrics
+                meta["runs"][name] = {
+                    "mode": label, "straggler": tag, "steps": steps, "job_wall_s": res.wall_s,
+                    "samples": sum(r["samples"] for r in rows),
+                    "test_accuracy": res.test_accuracy,
+                    "dropped": sum(r["dropped"] for r in rows),
+                    "staleness_mean": _mean_staleness(rows),
+                    "staleness_max": max((r["staleness_max"] for r in rows), default=0)}
+                if rank == 0:
+                    print(f"{name:32s} steps={steps:5d} job wall={res.wall_s:6.2f} s "
+                          f"acc={res.test_accuracy:.4f}", flush=True)
+        if rank == 0:
+            _write(os.path.join(HERE, "train_straggler.csv"), strag, STRAGGLER_COLS)
+    if "compress" in args.only:
+        comp = {}
+        for spec in COMPRESSORS:
+            comp[spec] = train(compress=spec, steps=args.steps, **common).metrics
+        if rank == 0:
+            _write(os.path.join(HERE, "train_compress.csv"), comp, COMPRESS_COLS)
+    if rank == 0:
         with open(os.path.join(HERE, "train_figures.json"), "w") as fh:
-            json.dump({"ranks": size, "straggler": straggle, "steps": args.steps,
-                       "algorithm": args.algorithm}, fh, indent=1)
-        _write(os.path.join(HERE, "train_straggler.csv"), strag)
-        _write(os.path.join(HERE, "train_compress.csv"), comp)
-    return MPI.COMM_WORLD.Get_rank() == 0
+            json.dump(meta, fh, indent=1)
+    return rank == 0
 
 
-def _plot(title_suffix=""):
+def _save(fig, name):
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    fig.savefig(os.path.join(HERE, name), dpi=110)
+    plt.close(fig)
+
+
+def _plot_straggler(meta):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from mlcomm.trainer.metrics import plot_runs
 
-    with open(os.path.join(HERE, "train_figures.json")) as fh:
-        meta = json.load(fh)
-    strag = _read(os.path.join(HERE, "train_straggler.csv"))
-    ms = meta["straggler"].partition(":")[2]
-    plot_runs(strag, os.path.join(HERE, "train_straggler.png"),
-              title=f"digits, MLP 64-128-10, {meta['ranks']} ranks, one random rank per step "
-                    f"sleeps {ms} ms (bsp: {meta['algorithm']} all-reduce)" + title_suffix)
+    runs = _read(os.path.join(HERE, "train_straggler.csv"))
+    colors = dict(zip([label for label, _ in MODES], plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+    for name, rows in runs.items():
+        mode, slow = rows[0]["mode"], rows[0]["straggler"] != "none"
+        style = dict(color=colors[mode], ls="-" if slow else "--", lw=1.2 if slow else 1)
+        label = f"{mode}{' + straggler' if slow else ''}"
+        wall = [r["wall_s"] for r in rows]
+        loss = _moving_mean([r["loss"] for r in rows], SMOOTH)
+        end = rows[0]["job_wall_s"]
+        axes[0].plot(wall + [end], loss + [loss[-1]], label=label, **style)
+        axes[0].plot([end], [loss[-1]], marker="o" if slow else "s", color=colors[mode], ms=5)
+        axes[1].plot([r["cum_samples"] for r in rows], [r["test_accuracy"] for r in rows],
+                     label=label, **style)
+    axes[0].set_xlabel("wall time (s); marker: the job's end (its longest rank)")
+    axes[0].set_ylabel(f"training loss (mean of the last {SMOOTH} rows)")
+    axes[0].set_yscale("log")
+    axes[1].set_xlabel("samples in applied updates (cumulative)")
+    axes[1].set_ylabel("test accuracy")
+    axes[1].set_ylim(0.8, 1.0)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    summary = meta["runs"]
+    x = range(len(MODES))
+    for i, (tag, off) in enumerate((("none", -0.2), (meta["straggler"], 0.2))):
+        walls = [next((v["job_wall_s"] for v in summary.values()
+                       if v["mode"] == label and v["straggler"] == tag), 0) for label, _ in MODES]
+        bars = axes[2].bar([j + off for j in x], walls, 0.4,
+                           label="no straggler" if tag == "none" else f"straggler {tag} (rank:ms)",
+                           color=[colors[label] for label, _ in MODES], alpha=0.5 if i == 0 else 1,
+                           edgecolor="black", lw=0.5)
+        axes[2].bar_label(bars, fmt="%.1f s", fontsize=8)
+    axes[2].set_xticks(list(x), [label for label, _ in MODES])
+    axes[2].set_ylabel("job wall time (s)")
+    axes[2].legend(fontsize=8)
+    axes[2].grid(alpha=0.3, axis="y")
+    fig.suptitle(f"digits, MLP 64-128-10, P = {meta['ranks']}, every run applies "
+                 f"{meta['steps']} x the global batch of samples; straggler {meta['straggler']} "
+                 f"(rank:ms every step), dashed: without (bsp: {meta['algorithm']} all-reduce)")
+    _save(fig, "train_straggler.png")
+    print("straggler:")
+    for name, v in summary.items():
+        print(f"  {name:32s} steps={v['steps']:5d} job wall={v['job_wall_s']:6.2f}s "
+              f"samples={v['samples']} acc={v['test_accuracy']:.4f} dropped={v['dropped']} "
+              f"staleness mean={v.get('staleness_mean', float('nan')):.2f} "
+              f"max={v['staleness_max']}")
+
+
+def _plot_compress(meta):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     comp = _read(os.path.join(HERE, "train_compress.csv"))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for label, rows in comp.items():
@@ -102,27 +219,38 @@ def _plot(title_suffix=""):
     axes[0].legend(fontsize=8, title="--compress")
     fig.suptitle(f"BSP gradient compression on digits, {meta['ranks']} ranks "
                  f"(dense: {meta['algorithm']} all-reduce; compressed: MPI_Allgatherv)")
-    fig.tight_layout()
-    fig.savefig(os.path.join(HERE, "train_compress.png"), dpi=110)
-    plt.close(fig)
-    for name, runs in (("straggler", strag), ("compress", comp)):
-        print(f"{name}:")
-        for label, rows in runs.items():
-            last = rows[-1]
-            print(f"  {label:12s} steps={int(last['step']):4d} wall={last['wall_s']:6.2f}s "
-                  f"loss={last['loss']:.4f} acc={last['test_accuracy']:.4f} "
-                  f"bytes={int(last['cum_bytes'])}")
+    _save(fig, "train_compress.png")
+    print("compress:")
+    for label, rows in comp.items():
+        last = rows[-1]
+        print(f"  {label:12s} steps={int(last['step']):4d} wall={last['wall_s']:6.2f}s "
+              f"loss={last['loss']:.4f} acc={last['test_accuracy']:.4f} "
+              f"bytes={int(last['cum_bytes'])}")
+
+
+def _plot(only):
+    with open(os.path.join(HERE, "train_figures.json")) as fh:
+        meta = json.load(fh)
+    if "straggler" in only:
+        _plot_straggler(meta)
+    if "compress" in only:
+        _plot_compress(meta)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--plot-only", action="store_true", help="redraw from the CSVs, no training")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--straggler-ms", type=float, default=30.0)
+    p.add_argument("--only", choices=("straggler", "compress"), action="append",
+                   help="train and draw only this figure (repeatable; default both)")
+    p.add_argument("--steps", type=int, default=300,
+                   help="synchronous steps; the other modes apply as many samples")
+    p.add_argument("--straggler", default=None, metavar="SPEC",
+                   help="mlcomm train --straggler for figure 1 (default: the last rank, 30 ms)")
     p.add_argument("--algorithm", default="ring")
     args = p.parse_args(argv)
+    args.only = args.only or ["straggler", "compress"]
     if args.plot_only or _train_all(args):
-        _plot()
+        _plot(args.only)
     return 0
 
 

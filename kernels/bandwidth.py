@@ -18,7 +18,8 @@ from .ops import BFLOAT16, check_op, normalize_op
 
 __all__ = ["measure", "TARGET_RATIO"]
 
-#: Issue 5: reductions reach at least this fraction of the copy's bandwidth on large arrays.
+#: The kernel target: reductions reach at least this fraction of the copy's bandwidth on large
+#: arrays.
 TARGET_RATIO = 0.8
 
 

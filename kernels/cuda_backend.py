@@ -1,11 +1,14 @@
 """Numba CUDA reduction kernels for device arrays (also run under ``NUMBA_ENABLE_CUDASIM=1``).
 
-Every op and dtype of the CPU kernels is covered. Integer sum/prod and the bitwise and
-logical ops run on the unsigned view of the same width, bool on uint8, complex sum on the real
-view. float16 computes in float32 and rounds back (exactly NumPy's result: float32 holds every
-float16 sum and product to within one rounding that cannot double-round). bfloat16 runs on the
-raw uint16 bits: widened to float32, reduced, rounded back to nearest-even, NaN made the quiet
-NaN ``ml_dtypes`` makes. Kernels use a grid-stride loop and launch on the given stream.
+Every op and dtype of the CPU kernels is covered, each a grid-stride loop around the op's
+:attr:`~.ops.Op.element` from :data:`~.ops.OP_TABLE` (compiled as a device function), on the
+view :func:`~.ops.kernel_view` gives: integer sum/prod and the bitwise and logical ops on the
+unsigned view of the same width, bool on uint8, complex sum on the real view. float16
+computes in float32 and rounds back (exactly NumPy's result: float32 holds every float16 sum
+and product to within one rounding that cannot double-round). bfloat16 runs on the raw uint16
+bits: widened to float32, reduced, rounded back to nearest-even, an arithmetic NaN made the
+quiet NaN ``ml_dtypes`` makes. min and max follow :mod:`.ops` on every dtype: the NaN
+operand's own bits, dst's first, and ``-0 < +0``. Kernels launch on the given stream.
 """
 
 import math
@@ -14,7 +17,7 @@ import numpy as np
 from numba import config, cuda
 from numba.core.types import float16, float32, int32, int64, uint16, uint32
 
-from .ops import BFLOAT16
+from .ops import BFLOAT16, OP_TABLE, kernel_view
 
 __all__ = ["SIMULATOR", "available", "reduce_into", "finalize", "copy", "as_device",
            "to_stream"]
@@ -85,67 +88,47 @@ def _f2b(f):
 
 
 # --- kernels ---------------------------------------------------------------------------------
-# Generic: integers (as unsigned views where the bits agree), float32/64, complex.
+# One grid-stride loop per op and number format, around the op's element from OP_TABLE.
 
-@cuda.jit
-def _k_sum(d, s):
-    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
-        d[i] = d[i] + s[i]
-
-
-@cuda.jit
-def _k_prod(d, s):
-    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
-        d[i] = d[i] * s[i]
+def _generic(element):
+    """``d = d (op) s`` on integers (views per kernel_view), float32/64 and complex."""
+    @cuda.jit
+    def kernel(d, s):
+        for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+            d[i] = element(d[i], s[i])
+    return kernel
 
 
-@cuda.jit
-def _k_min(d, s):
-    # np.minimum bit for bit: NaN in d wins, then NaN in s, ties give s.
-    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
-        a = d[i]
-        b = s[i]
-        if not (a < b or a != a):
-            d[i] = b
+def _float16(element, picks):
+    """float16: compute in float32 and round back once; a NaN min/max keeps its own bits."""
+    @cuda.jit
+    def kernel(d, s):
+        for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+            x = float32(d[i])
+            y = float32(s[i])
+            r = element(x, y)
+            if picks and r != r:
+                if x == x:
+                    d[i] = s[i]
+            else:
+                d[i] = float16(r)
+    return kernel
 
 
-@cuda.jit
-def _k_max(d, s):
-    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
-        a = d[i]
-        b = s[i]
-        if not (a > b or a != a):
-            d[i] = b
-
-
-@cuda.jit
-def _k_band(d, s):
-    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
-        d[i] = d[i] & s[i]
-
-
-@cuda.jit
-def _k_bor(d, s):
-    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
-        d[i] = d[i] | s[i]
-
-
-@cuda.jit
-def _k_bxor(d, s):
-    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
-        d[i] = d[i] ^ s[i]
-
-
-@cuda.jit
-def _k_land(d, s):
-    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
-        d[i] = 1 if (d[i] != 0 and s[i] != 0) else 0
-
-
-@cuda.jit
-def _k_lor(d, s):
-    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
-        d[i] = 1 if (d[i] != 0 or s[i] != 0) else 0
+def _bfloat16(element, picks):
+    """bfloat16 on raw uint16 bits, as float16 (arithmetic NaN made the quiet NaN)."""
+    @cuda.jit
+    def kernel(d, s):
+        for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+            x = _b2f(d[i])
+            y = _b2f(s[i])
+            r = element(x, y)
+            if picks and r != r:
+                if x == x:
+                    d[i] = s[i]
+            else:
+                d[i] = _f2b(r)
+    return kernel
 
 
 @cuda.jit
@@ -155,83 +138,9 @@ def _k_div(d, n):
 
 
 @cuda.jit
-def _k_copy(d, s):
-    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
-        d[i] = s[i]
-
-
-# float16: compute in float32, round back once.
-
-@cuda.jit
-def _k_h_sum(d, s):
-    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
-        d[i] = float16(float32(d[i]) + float32(s[i]))
-
-
-@cuda.jit
-def _k_h_prod(d, s):
-    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
-        d[i] = float16(float32(d[i]) * float32(s[i]))
-
-
-@cuda.jit
-def _k_h_min(d, s):
-    # NumPy's float16 minimum keeps d on ties (unlike float32): a <= b.
-    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
-        a = float32(d[i])
-        b = float32(s[i])
-        if not (a <= b or a != a):
-            d[i] = s[i]
-
-
-@cuda.jit
-def _k_h_max(d, s):
-    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
-        a = float32(d[i])
-        b = float32(s[i])
-        if not (a >= b or a != a):
-            d[i] = s[i]
-
-
-@cuda.jit
 def _k_h_div(d, n):
     for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
         d[i] = float16(float32(d[i]) / n)
-
-
-# bfloat16 on raw uint16 bits.
-
-@cuda.jit
-def _k_b_sum(d, s):
-    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
-        d[i] = _f2b(_b2f(d[i]) + _b2f(s[i]))
-
-
-@cuda.jit
-def _k_b_prod(d, s):
-    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
-        d[i] = _f2b(_b2f(d[i]) * _b2f(s[i]))
-
-
-@cuda.jit
-def _k_b_min(d, s):
-    # ml_dtypes' minimum: ties give s, NaN in d wins, result rounded back (NaN made quiet).
-    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
-        a = _b2f(d[i])
-        b = _b2f(s[i])
-        if not (a < b or a != a):
-            a = b
-        d[i] = _f2b(a)
-
-
-@cuda.jit
-def _k_b_max(d, s):
-    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
-        a = _b2f(d[i])
-        b = _b2f(s[i])
-        if not (a > b or a != a):
-            a = b
-        d[i] = _f2b(a)
 
 
 @cuda.jit
@@ -240,24 +149,39 @@ def _k_b_div(d, n):
         d[i] = _f2b(_b2f(d[i]) / n)
 
 
-_GENERIC = {"sum": _k_sum, "avg": _k_sum, "prod": _k_prod, "min": _k_min, "max": _k_max,
-            "band": _k_band, "bor": _k_bor, "bxor": _k_bxor, "land": _k_land, "lor": _k_lor}
-_HALF = {"sum": _k_h_sum, "avg": _k_h_sum, "prod": _k_h_prod, "min": _k_h_min, "max": _k_h_max}
-_BF16 = {"sum": _k_b_sum, "avg": _k_b_sum, "prod": _k_b_prod, "min": _k_b_min, "max": _k_b_max}
+@cuda.jit
+def _k_copy(d, s):
+    for i in range(cuda.grid(1), d.size, cuda.gridsize(1)):
+        d[i] = s[i]
+
+
+_kernels = {}  # (op it reduces as, number format) -> kernel
+
+
+def _kernel(op, fmt):
+    key = (op, fmt)
+    kernel = _kernels.get(key)
+    if kernel is None:
+        info = OP_TABLE[op]
+        element = cuda.jit(device=True)(info.element)
+        if fmt == "bf16":
+            kernel = _bfloat16(element, info.picks)
+        elif fmt == "f16":
+            kernel = _float16(element, info.picks)
+        else:
+            kernel = _generic(element)
+        _kernels[key] = kernel
+    return kernel
 
 
 def _plan(dtype, op):
     """Return (kernel, dtype the kernel sees) for a checked (dtype, op)."""
+    op = OP_TABLE[op].reduces_as
     if BFLOAT16 is not None and dtype == BFLOAT16:
-        return _BF16[op], _UINT[2]
+        return _kernel(op, "bf16"), _UINT[2]
     if dtype == _F16:
-        return _HALF[op], _F16
-    kind = dtype.kind
-    if kind in "iub":
-        return _GENERIC[op], (dtype if op in ("min", "max") else _UINT[dtype.itemsize])
-    if kind == "c" and op in ("sum", "avg"):
-        return _GENERIC[op], _REAL[dtype]
-    return _GENERIC[op], dtype
+        return _kernel(op, "f16"), _F16
+    return _kernel(op, ""), kernel_view(dtype, op)
 
 
 # --- arrays and streams ----------------------------------------------------------------------
@@ -343,7 +267,7 @@ def reduce_into(dst, src, op, *, stream=None, dtype=None):
 
 def finalize(dst, op, nranks, *, stream=None, dtype=None):
     """Divide ``dst`` by ``nranks`` on the device when ``op`` is avg."""
-    if op != "avg":
+    if not OP_TABLE[op].divides:
         return
     dtype = np.dtype(dst.dtype if dtype is None else dtype)
     if BFLOAT16 is not None and dtype == BFLOAT16:

@@ -1,13 +1,15 @@
 """CuPy reduction kernels (``cupy.ElementwiseKernel``), imported lazily.
 
-Same coverage and results as the Numba CUDA kernels: integer and bool ops on their own
-types, float16 through float32, bfloat16 on raw uint16 bits (widened to float32, rounded back
-to nearest-even), complex sum on the real view. Launches on the given stream.
+Same coverage and results as the Numba CUDA kernels, each built from the op's
+:attr:`~.ops.Op.c_expr` in :data:`~.ops.OP_TABLE` on the view :func:`~.ops.kernel_view`
+gives: float16 through float32, bfloat16 on raw uint16 bits (widened to float32, rounded back
+to nearest-even), complex sum on the real view, min and max as :mod:`.ops` says. Launches on
+the given stream.
 """
 
 import numpy as np
 
-from .ops import BFLOAT16
+from .ops import BFLOAT16, OP_TABLE, kernel_view
 
 __all__ = ["available", "reduce_into", "finalize", "copy", "to_stream"]
 
@@ -27,28 +29,23 @@ __device__ __forceinline__ unsigned short mlcomm_f2b(float f) {
 }
 """
 
-# op -> (generic body, float16 body, bfloat16 body); bodies update d from s.
-_BODIES = {
-    "sum": ("d = d + s", "d = (T)((float)d + (float)s)",
-            "d = mlcomm_f2b(mlcomm_b2f(d) + mlcomm_b2f(s))"),
-    "prod": ("d = d * s", "d = (T)((float)d * (float)s)",
-             "d = mlcomm_f2b(mlcomm_b2f(d) * mlcomm_b2f(s))"),
-    # np.minimum bit for bit (float16 keeps d on ties, the others take s).
-    "min": ("if (!(d < s || d != d)) d = s",
-            "if (!((float)d <= (float)s || (float)d != (float)d)) d = s",
-            "{ float a = mlcomm_b2f(d), b = mlcomm_b2f(s); "
-            "if (!(a < b || a != a)) a = b; d = mlcomm_f2b(a); }"),
-    "max": ("if (!(d > s || d != d)) d = s",
-            "if (!((float)d >= (float)s || (float)d != (float)d)) d = s",
-            "{ float a = mlcomm_b2f(d), b = mlcomm_b2f(s); "
-            "if (!(a > b || a != a)) a = b; d = mlcomm_f2b(a); }"),
-    "band": ("d = d & s", None, None),
-    "bor": ("d = d | s", None, None),
-    "bxor": ("d = d ^ s", None, None),
-    "land": ("d = (d != (T)0 && s != (T)0) ? (T)1 : (T)0", None, None),
-    "lor": ("d = (d != (T)0 || s != (T)0) ? (T)1 : (T)0", None, None),
-}
-_BODIES["avg"] = _BODIES["sum"]
+# number format -> (widen x, narrow r) in C, for float16 (1) and bfloat16 on uint16 bits (2)
+_CODECS = {1: ("(float){}", "(T){}"), 2: ("mlcomm_b2f({})", "mlcomm_f2b({})")}
+
+
+def _body(op, variant):
+    """Return the ElementwiseKernel body updating ``a`` from ``b`` for ``op`` (see _variant)."""
+    info = OP_TABLE[op]
+    if not variant:
+        return "a = " + info.c_expr.format(a="a", b="b", T="T")
+    widen, narrow = _CODECS[variant]
+    body = (f"float x = {widen.format('a')}, y = {widen.format('b')}; "
+            f"float r = {info.c_expr.format(a='x', b='y', T='float')}; ")
+    store = f"a = {narrow.format('r')};"
+    if info.picks:  # a NaN result is the NaN operand's own bits, a's first
+        store = f"if (r != r) {{ if (x == x) a = b; }} else {store}"
+    return f"{{ {body}{store} }}"
+
 
 _kernels = {}
 
@@ -82,16 +79,17 @@ def _variant(dtype):
 
 
 def _kernel(op, variant):
+    op = OP_TABLE[op].reduces_as
     key = (op, variant)
     k = _kernels.get(key)
     if k is None:
         cupy = _cupy()
-        body = _BODIES[op][variant]
+        body = _body(op, variant)
         if variant == 2:
-            k = cupy.ElementwiseKernel("uint16 s", "uint16 d", body,
+            k = cupy.ElementwiseKernel("uint16 b", "uint16 a", body,
                                        f"mlcomm_bf16_{op}", preamble=_BF16_PREAMBLE)
         else:
-            k = cupy.ElementwiseKernel("T s", "T d", body, f"mlcomm_{op}_{variant}")
+            k = cupy.ElementwiseKernel("T b", "T a", body, f"mlcomm_{op}_{variant}")
         _kernels[key] = k
     return k
 
@@ -135,12 +133,10 @@ def to_stream(stream):
     return cupy.cuda.ExternalStream(int(handle))
 
 
-def _view_dtype(dtype, op=None):
+def _view_dtype(dtype, op):
     if _variant(dtype) == 2:
         return _U16
-    if dtype.kind == "c" and op in ("sum", "avg"):
-        return _REAL[dtype]
-    return dtype
+    return kernel_view(dtype, op)
 
 
 def reduce_into(dst, src, op, *, stream=None, dtype=None):
@@ -158,7 +154,7 @@ def reduce_into(dst, src, op, *, stream=None, dtype=None):
 
 def finalize(dst, op, nranks, *, stream=None, dtype=None):
     """Divide ``dst`` by ``nranks`` on the device when ``op`` is avg."""
-    if op != "avg":
+    if not OP_TABLE[op].divides:
         return
     dtype = np.dtype(dst.dtype if dtype is None else dtype)
     variant = _variant(dtype)
@@ -173,7 +169,7 @@ def finalize(dst, op, nranks, *, stream=None, dtype=None):
 def copy(dst, src, *, stream=None, dtype=None):
     """Copy ``src`` into ``dst`` (device-to-device memcpy; bandwidth baseline)."""
     dtype = np.dtype(dst.dtype if dtype is None else dtype)
-    view = _view_dtype(dtype)
+    view = _U16 if _variant(dtype) == 2 else dtype
     d = _flat(dst, view)
     s = _flat(src, view)
     with to_stream(stream):

@@ -12,7 +12,7 @@ import os
 import numpy as np
 
 from . import numpy_backend
-from .ops import check_op, dtype_kind, normalize_op
+from .ops import OP_TABLE, check_op, dtype_kind, normalize_op
 
 __all__ = ["BACKENDS", "NUMBA_MIN_BYTES", "NUMBA_MIN_BYTES_HALF", "reduce_into", "kernel_for",
            "finalize", "select_backend", "backends"]
@@ -132,11 +132,12 @@ def _device_dtype(a, dtype):
 def reduce_into(dst, src, op, *, backend=None, stream=None, dtype=None):
     """Set ``dst = dst (op) src`` elementwise, in place; return ``dst``.
 
-    ``dst`` and ``src`` have the same shape and dtype. avg reduces as sum (see
-    :func:`finalize`). ``backend`` is one of :data:`BACKENDS` (default: chosen from the array
-    type), ``stream`` the CUDA stream for device backends (a Numba stream, a CuPy stream or a
-    raw ``cudaStream_t`` int; default: the default stream). ``dtype`` reinterprets both buffers
-    as that dtype first, e.g. raw ``uint16`` device buffers holding bfloat16.
+    ``dst`` and ``src`` have the same shape and dtype. The op means what
+    :data:`~.ops.OP_TABLE` says, on every backend; avg reduces as sum (see :func:`finalize`).
+    ``backend`` is one of :data:`BACKENDS` (default: chosen from the array type), ``stream``
+    the CUDA stream for device backends (a Numba stream, a CuPy stream or a raw
+    ``cudaStream_t`` int; default: the default stream). ``dtype`` reinterprets both buffers as
+    that dtype first, e.g. raw ``uint16`` device buffers holding bfloat16.
     """
     op = normalize_op(op)
     if isinstance(dst, np.ndarray) and isinstance(src, np.ndarray):
@@ -182,7 +183,7 @@ def finalize(dst, op, nranks, *, backend=None, stream=None, dtype=None):
     Every other op is left as is. Returns ``dst``.
     """
     op = normalize_op(op)
-    if op != "avg":
+    if not OP_TABLE[op].divides:
         return dst
     if isinstance(dst, np.ndarray):
         if dtype is not None and dst.dtype != np.dtype(dtype):

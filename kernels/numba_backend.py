@@ -3,18 +3,22 @@
 Every kernel is the same loop, built once per op by :func:`_elementwise`: ``prange`` over one
 block per thread, and inside each block a plain loop over slices, which LLVM vectorises (a loop
 over ``range(lo, hi)`` on the whole array is not: Numba cannot prove ``lo >= 0`` and keeps its
-negative-index wrap-around). What the loop computes is chosen at compile time by the op's name
-(:func:`_scalar`), so the kernel closures capture only a string and Numba's cache finds them again
-in the next process.
+negative-index wrap-around). What the loop computes on one element is :func:`scalar`, chosen at
+compile time by a name such as "max" or "bf16_sum" (:func:`scalar_name`) from the op's
+:attr:`~.ops.Op.element` in :data:`~.ops.OP_TABLE`, so any other ``@njit`` loop that calls
+:func:`scalar` computes the same bits. The kernel closures capture only strings, so Numba's
+cache finds them again in the next process.
 
 Integer sum/prod and every bitwise or logical op run on the unsigned view of the same width
-(two's-complement wrap-around gives the same bits), complex sum runs on the real view.
+(two's-complement wrap-around gives the same bits), complex sum runs on the real view
+(:func:`kernel_dtype`).
 
 float16 and bfloat16 run on their raw uint16 bits: widened to float32 exactly, reduced in float32
 and rounded back to nearest even. For + and x that is NumPy's float16 and ml_dtypes' bfloat16
 result bit for bit (float32 has more than 2p + 2 bits, so rounding twice cannot differ from
-rounding once). NaN operands follow what NumPy and ml_dtypes do: a NaN in ``src`` wins, then
-a NaN in ``dst``, made quiet; float16 keeps its payload, bfloat16 makes ±0x7FC0.
+rounding once); a NaN result is src's NaN if it has one, else dst's, made quiet (float16 keeps
+its payload, bfloat16 makes ±0x7FC0), as NumPy and ml_dtypes do. min and max follow
+:mod:`.ops`: the NaN operand's own bits, dst's first, and ``-0 < +0``.
 
 Threads: ``max(1, usable cpus // ranks on this node)``, ranks on this node read from
 ``MPI_LOCALNRANKS`` (MPICH/Hydra), ``OMPI_COMM_WORLD_LOCAL_SIZE`` (Open MPI),
@@ -24,15 +28,18 @@ thread ran each block; :func:`threads_used` reports the last call's count.
 """
 
 import contextlib
+import hashlib
+import marshal
 import os
 import re
 
 import numpy as np
 
-from .ops import BFLOAT16
+from .ops import BFLOAT16, OP_TABLE, kernel_view
 
 __all__ = ["available", "supports", "reduce_into", "finalize", "copy", "num_threads",
-           "threads", "threads_used", "kernel_dtype", "contiguous_pair"]
+           "threads", "threads_used", "scalar", "scalar_name", "kernel_dtype",
+           "contiguous_pair"]
 
 try:
     import numba
@@ -251,79 +258,80 @@ if numba is not None:
     def _quiet(x):
         return _f32(np.int64(_bits(x)) | 0x400000)
 
-    @_inline
-    def _add(x, y):
-        return x + y
-
-    @_inline
-    def _mul(x, y):
-        return x * y
-
-    @_inline
-    def _div(x, y):
-        return x / y
-
-    # prefix -> (widen, narrow, min/max keep dst on ties)
+    # prefix -> (widen, narrow)
     _CODECS = {
-        "": (_same, _same, False),
-        "f16": (_hw_f16_to_f32, _hw_f32_to_f16, True) if _hw_half()
-        else (_soft_f16_to_f32, _soft_f32_to_f16, True),
-        "bf16": (_bf16_to_f32, _f32_to_bf16, False),
+        "": (_same, _same),
+        "f16": (_hw_f16_to_f32, _hw_f32_to_f16) if _hw_half()
+        else (_soft_f16_to_f32, _soft_f32_to_f16),
+        "bf16": (_bf16_to_f32, _f32_to_bf16),
     }
 
 
 # --- one scalar op per name, chosen while compiling -------------------------------------------
 
-def _arith(fn, widen, narrow):
-    if widen is _same:
-        return lambda name, a, b: fn(a, b)
+_elements = {}  # op name -> its OP_TABLE element, compiled to inline
 
+
+def _element(op):
+    fn = _elements.get(op)
+    if fn is None:
+        fn = _elements[op] = _inline(OP_TABLE[op].element)
+    return fn
+
+
+def _arith(element, widen, narrow):
     def impl(name, a, b):
         x = widen(a)
         y = widen(b)
-        r = fn(x, y)
+        r = element(x, y)
         if r != r:  # NaN: src's NaN wins, then dst's (as in NumPy and ml_dtypes), made quiet
             r = _quiet(y if y != y else (x if x != x else r))
         return narrow(r)
     return impl
 
 
-def _pick(is_max, widen, ties):
-    # np.minimum/np.maximum bit for bit: NaN in a wins, then NaN in b; ties as NumPy does.
+def _pick(element, widen):
+    # min/max of the widened values, whose result has the bits of x or of y (the zero of a
+    # tie of zeros is one of them): the operand with those bits, a's when both have them
     def impl(name, a, b):
         x = widen(a)
         y = widen(b)
-        keep = (x > y if is_max else x < y) or (ties and x == y)
-        return a if (keep or x != x) else b
+        return a if _bits(element(x, y)) == _bits(x) else b
     return impl
 
 
-_NATIVE = {
-    "band": lambda name, a, b: a & b,
-    "bor": lambda name, a, b: a | b,
-    "bxor": lambda name, a, b: a ^ b,
-    "land": lambda name, a, b: 1 if (a != 0 and b != 0) else 0,
-    "lor": lambda name, a, b: 1 if (a != 0 or b != 0) else 0,
-    "copy": lambda name, a, b: b,
-}
-
-
 def _impl(name):
-    """Return the Python implementation of ``_scalar(name, a, b)``."""
-    if name in _NATIVE:
-        return _NATIVE[name]
+    """Return the Python implementation of ``scalar(name, a, b)``."""
     prefix, _, op = name.rpartition("_")
-    widen, narrow, ties = _CODECS[prefix]
-    if op in ("min", "max"):
-        return _pick(op == "max", widen, ties)
+    if op == "copy" and not prefix:
+        return lambda name, a, b: b
+    widen, narrow = _CODECS[prefix]
     if op == "div":  # b is the float divisor; a NaN in a stays NaN without help
         return lambda name, a, b: narrow(widen(a) / b)
-    return _arith(_add if op == "sum" else _mul, widen, narrow)
+    info = OP_TABLE[op]
+    element = _element(info.reduces_as)
+    if not prefix:
+        return lambda name, a, b: element(a, b)
+    if "f" not in info.kinds:
+        raise TypeError(f"scalar({name!r}): {op} has no float16/bfloat16 form")
+    if info.picks:
+        return _pick(element, widen)
+    return _arith(element, widen, narrow)
 
 
-def _scalar(name, a, b):
-    """``a (name) b`` on one element; compiled only, see :func:`_impl`."""
-    raise NotImplementedError
+def scalar(name, a, b):
+    """``a (name) b`` on one element, inlined into the calling ``@njit`` function.
+
+    ``name`` is a string literal (a constant in the caller): an op of
+    :data:`~.ops.OP_TABLE` ("sum", "prod", "min", "max", "avg" as "sum", "band", "bor",
+    "bxor", "land", "lor"), "div" (``a`` divided by the float ``b``) or "copy" (``b``), on
+    elements of the dtype :func:`kernel_dtype` gives; prefixed "f16_" or "bf16_" (sum, prod,
+    min, max, div) for float16 and bfloat16 on their raw uint16 bits. :func:`scalar_name`
+    returns the name for a dtype and op. Every kernel of this module runs its elements through
+    this function, so a loop that calls it gives the kernels' bits. Compiled only: calling it
+    from Python raises NotImplementedError.
+    """
+    raise NotImplementedError("scalar() runs inside @njit functions only")
 
 
 def _part(s, lo, hi):
@@ -337,7 +345,7 @@ def _at(s, i):
 
 
 if numba is not None:
-    @overload(_scalar, inline="always")
+    @overload(scalar, inline="always")
     def _ol_scalar(name, a, b):
         if isinstance(name, types.StringLiteral):  # the non-literal retry has nothing to offer
             return _impl(name.literal_value)
@@ -355,13 +363,23 @@ if numba is not None:
         return lambda s, i: s
 
 
+#: A digest of the elements' code in ops.py. Numba's cache keys a kernel on this file and on
+#: the kernel's closure variables, not on ops.py: every kernel holds this digest, so a change
+#: to an element there compiles the kernels afresh.
+_ELEMENTS = hashlib.sha256(b"".join(marshal.dumps(op.element.__code__)
+                                    for op in OP_TABLE.values())).hexdigest()
+
+
 def _elementwise(name):
     """Return the kernel ``k(d, s, ids)``: ``d[i] = d[i] (name) s[i]`` in ``len(ids)`` blocks.
 
     ``s`` may be a scalar (finalize's divisor). Block b writes its thread id into ``ids[b]``.
     """
+    elements = _ELEMENTS
+
     @njit(parallel=True, cache=True, nogil=True)
     def kernel(d, s, ids):
+        elements  # noqa: B018 - part of the cache key only (see _ELEMENTS)
         blocks = ids.shape[0]
         step = -(-d.shape[0] // blocks)
         for b in prange(blocks):
@@ -369,7 +387,7 @@ def _elementwise(name):
             dd = d[b * step:(b + 1) * step]
             ss = _part(s, b * step, (b + 1) * step)
             for i in range(dd.shape[0]):
-                dd[i] = _scalar(name, dd[i], _at(ss, i))
+                dd[i] = scalar(name, dd[i], _at(ss, i))
     return kernel
 
 
@@ -386,22 +404,29 @@ def _kernel(name):
 # --- the backend ------------------------------------------------------------------------------
 
 def kernel_dtype(dtype, op):
-    """Return the dtype the kernel for (``dtype``, ``op``) really runs on."""
-    kind = dtype.kind
+    """Return the dtype the kernel for (``dtype``, ``op``) runs on: that of :func:`scalar`'s
+    operands.
+
+    float16 and bfloat16 run on uint16 (their raw bits); every other dtype on
+    :func:`~.ops.kernel_view` (integers on their unsigned view for ops whose bits do not
+    depend on signedness, complex sum on the real view).
+    """
+    dtype = np.dtype(dtype)
     if dtype in _HALF:
         return _UINT[2]
-    if kind in "iub":
-        if op in ("min", "max"):
-            return dtype
-        return _UINT[dtype.itemsize]
-    if kind == "c" and op in ("sum", "avg"):
-        return _REAL[dtype]
-    return dtype
+    return kernel_view(dtype, op)
 
 
-def _name(dtype, op):
-    op = "sum" if op == "avg" else op
-    prefix = _HALF.get(dtype)
+def scalar_name(dtype, op):
+    """Return the literal that :func:`scalar` takes for ``op`` on ``dtype``.
+
+    ``op`` is a canonical op name (avg gives "sum": it reduces as sum) or "div"; float16 and
+    bfloat16 get the "f16_"/"bf16_" prefix, e.g. ``scalar_name(np.float16, "max")`` is
+    "f16_max".
+    """
+    if op != "div":
+        op = OP_TABLE[op].reduces_as
+    prefix = _HALF.get(np.dtype(dtype))
     return f"{prefix}_{op}" if prefix else op
 
 
@@ -427,17 +452,17 @@ def reduce_into(dst, src, op):
     key = (dst.dtype, op)
     bound = _bound.get(key)
     if bound is None:
-        bound = _bound[key] = (_kernel(_name(dst.dtype, op)), kernel_dtype(dst.dtype, op))
+        bound = _bound[key] = (_kernel(scalar_name(dst.dtype, op)), kernel_dtype(dst.dtype, op))
     kernel, kdt = bound
     _run(kernel, _flat(dst, kdt), _flat(src, kdt))
 
 
 def finalize(dst, op, nranks):
     """Divide ``dst`` by ``nranks`` in place when ``op`` is avg."""
-    if op != "avg":
+    if not OP_TABLE[op].divides:
         return
     if dst.dtype in _HALF:  # divide in float32 and round once, as NumPy's finalize does
-        _run(_kernel(_name(dst.dtype, "div")), _flat(dst, _UINT[2]), np.float32(nranks))
+        _run(_kernel(scalar_name(dst.dtype, "div")), _flat(dst, _UINT[2]), np.float32(nranks))
         return
     real = _REAL.get(dst.dtype, dst.dtype)
     _run(_kernel("div"), _flat(dst, real), real.type(nranks))

@@ -30,10 +30,13 @@ def _cli(*args):
 
 
 def test_cli_entry_point_runs():
-    proc = subprocess.run([sys.executable, "-m", "mlcomm", "analyze", "-p", "3", "-n", "24",
+    proc = subprocess.run([sys.executable, "-m", "mlcomm", "analyze", "-p", "3", "-s", "24",
                            "-a", "ring"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("algorithm") and "ring" in proc.stdout
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "# p = 3 ranks, n = 24 bytes (3 x float64)"
+    assert lines[1].split()[:2] == ["algorithm", "rounds"]
+    assert lines[2].split()[:5] == ["ring", "4", "4n", "4n/3", "1"]
 
 
 def _metrics(name, p, count, **options):
@@ -230,7 +233,7 @@ def test_analyze_row_has_exactly_the_keys():
 
 
 def test_analyze_cli_json():
-    rows = json.loads(_cli("analyze", "--ranks", 8, "--bytes", 1048576, "--format", "json"))
+    rows = json.loads(_cli("analyze", "--ranks", 8, "--sizes", 1048576, "--format", "json"))
     assert {r["algorithm"] for r in rows} == {n for n, a in ALGORITHMS.items() if a.build}
     assert all(list(r) == list(KEYS) for r in rows)
     n = 1 << 20
@@ -242,20 +245,20 @@ def test_analyze_cli_json():
     assert (by["recursive_halving_doubling"]["rounds"],
             by["recursive_halving_doubling"]["max_rank_bytes_sent"]) == (6, 2 * 7 * n // 8)
     assert (by["recursive_doubling"]["rounds"], by["recursive_doubling"]["max_rank_bytes_sent"]) == (3, 3 * n)
-    csv_out = _cli("analyze", "-p", 5, "-n", "1K", "--format", "csv", "-a", "ring,rd")
+    csv_out = _cli("analyze", "-p", 5, "-s", "1K", "--format", "csv", "-a", "ring,rd")
     assert csv_out.splitlines()[0] == ",".join(KEYS) and len(csv_out.splitlines()) == 3
 
 
 def test_simulate_cli_switches_to_closed_forms(tmp_path):
     plot = tmp_path / "lat.png"
-    out = _cli("simulate", "--ranks", "2,4,...,16,128", "--bytes", "8,1K", "-a", "ring,rd",
+    out = _cli("simulate", "--ranks", "2,4,...,16,128", "--sizes", "8,1K", "-a", "ring,rd",
                "--sim-limit", 1, "--format", "json", "--plot", plot, "--no-progress")
     rows = json.loads(out)
     assert len(rows) == 2 * 5 * 2
     assert {r["source"] for r in rows if r["ranks"] <= 16} == {"simulated"}
     assert {r["source"] for r in rows if r["ranks"] == 128} == {"formula"}
     assert plot.read_bytes()[:4] == b"\x89PNG"
-    table = _cli("simulate", "-p", "4,8", "-n", "1M", "--ranks-per-node", 2, "--inter-alpha", 1e-5)
+    table = _cli("simulate", "-p", "4,8", "-s", "1M", "--ranks-per-node", 2, "--inter-alpha", 1e-5)
     assert "2 ranks/node" in table
 
 
@@ -282,12 +285,16 @@ def test_auto_follows_the_profile(tmp_path, monkeypatch):
 
 
 def test_explain_and_draw_cli(tmp_path):
-    out = _cli("explain", "--ranks", 8, "--bytes", "1M")
+    out = _cli("explain", "--ranks", 8, "--sizes", "1M")
     assert "auto chooses" in out and "<- auto" in out
     for name, p in (("ring", 4), ("recursive_halving_doubling", 5)):
         png = tmp_path / f"{name}.png"
-        assert "wrote" in _cli("draw", "--algorithm", name, "--ranks", p, "--out", png)
+        assert "wrote" in _cli("draw", "--algorithm", name, "--ranks", p, "--output", png)
         assert png.read_bytes()[:4] == b"\x89PNG"
+    png = tmp_path / "ps.png"
+    assert "wrote" in _cli("draw", "-a", "ps", "-p", 4, "-s", 64, "--option", "servers=2",
+                           "--output", png)
+    assert png.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_draw_trace_ends_with_every_contribution_once():
@@ -330,14 +337,14 @@ def test_tuned_choices_win_over_the_model_for_their_rank_count(tmp_path, monkeyp
     assert load_profile(path).tuned == {"4": table}
     monkeypatch.setenv("MLCOMM_PROFILE", str(path))
     assert "auto chooses single_master: measured fastest for 4 ranks" in \
-        _cli("explain", "--ranks", 4, "--bytes", "1M")
-    assert "least predicted time" in _cli("explain", "--ranks", 5, "--bytes", "1M")
+        _cli("explain", "--ranks", 4, "--sizes", "1M")
+    assert "least predicted time" in _cli("explain", "--ranks", 5, "--sizes", "1M")
     assert "cost model: calibrated; auto tuned for ranks: 4" in _cli("info")
     monkeypatch.setenv("MLCOMM_PROFILE", str(save_profile(Profile(tuned={"4": table}),
                                                           tmp_path / "tuned_only.json")))
     assert "cost model: built-in defaults (mlcomm calibrate); auto tuned for ranks: 4" in \
         _cli("info")
-    assert "profile: built-in defaults: alpha=" in _cli("explain", "--ranks", 5, "--bytes", "1M")
+    assert "profile: built-in defaults: alpha=" in _cli("explain", "--ranks", 5, "--sizes", "1M")
 
 
 def test_calibrate_profile_auto_end_to_end(tmp_path):
@@ -348,8 +355,8 @@ def test_calibrate_profile_auto_end_to_end(tmp_path):
     tuned = json.loads(path.read_text())["tuned"]["3"]
     assert [n for n, _ in tuned] == [8, 256, 8192] and f"wrote {path}" in out
     assert all(name in ALGORITHMS and name not in ("mpi", "auto") for _, name in tuned)
-    out = mpirun(2, ["-m", "mlcomm", "calibrate", "--quick", "--dtypes", "float64,float32",
-                     "--ops", "sum,max"], env=env, timeout=180).stdout
+    out = mpirun(2, ["-m", "mlcomm", "calibrate", "--quick", "-d", "float64,float32",
+                     "-o", "sum,max"], env=env, timeout=180).stdout
     assert "profile written to" in out
     data = json.loads(path.read_text())
     assert data["alpha"] > 0 and data["beta"] >= 0 and data["gamma"] > 0
@@ -364,3 +371,82 @@ def test_calibrate_profile_auto_end_to_end(tmp_path):
     choice = proc.stdout.split("CHOICE")[1].split()[0]
     assert choice == tuned[-1][1]  # 40000 B: the 8 KiB entry is the nearest
     assert f"-> {choice} (tuned; profile: {path}" in proc.stderr
+
+
+# --- the notes' notation, explain against the fastest -------------------------------
+
+@pytest.mark.parametrize("nbytes, n, p, text", [
+    (56 << 20, 1 << 20, 8, "56n"), (1 << 20, 1 << 20, 8, "n"), (7 << 17, 1 << 20, 8, "7n/8"),
+    (14 << 17, 1 << 20, 8, "14n/8"), (1 << 19, 1 << 20, 8, "n/2"), (1 << 17, 1 << 20, 8, "n/8"),
+    (28 << 17, 1 << 20, 8, "7n/2"), (32, 24, 3, "4n/3"), (344, 1024, 3, "0.336n"),
+    (0, 1024, 4, "0"), (None, 1024, 4, "-")])
+def test_volumes_in_multiples_of_n(nbytes, n, p, text):
+    from mlcomm.analysis.cli import in_n
+    assert in_n(nbytes, n, p) == text
+
+
+def test_analyze_prints_the_notes_table(monkeypatch, tmp_path):
+    """The README's table: p = 8, n = 1 MiB, default profile; narrow enough for a terminal."""
+    monkeypatch.setenv("MLCOMM_PROFILE", str(tmp_path / "none.json"))
+    out = _cli("analyze", "-p", 8, "-s", "1M")
+    lines = out.splitlines()
+    assert lines[0] == "# p = 8 ranks, n = 1M bytes (131072 x float64)"
+    assert lines[1].split() == ["algorithm", "rounds", "total", "sent", "max/rank", "fan-in",
+                                "in/round", "simulated", "formula"]
+    rows = {line.split()[0]: line.split()[1:7] for line in lines[2:9]}
+    assert rows == {
+        "naive": ["1", "56n", "7n", "7", "7n", "1.335ms"],
+        "single_master": ["2", "14n", "7n", "7", "7n", "1.936ms"],
+        "parameter_server": ["2", "14n", "14n/8", "7", "7n/8", "266.55us"],
+        "ring": ["14", "14n", "14n/8", "1", "n/8", "266.55us"],
+        "double_binary_tree": ["6", "14n", "2n", "2", "n", "701.57us"],
+        "recursive_doubling": ["3", "24n", "3n", "1", "n", "572.23us"],
+        "recursive_halving_doubling": ["6", "14n", "14n/8", "1", "n/2", "250.55us"]}
+    assert max(map(len, lines)) <= 100
+    assert "--format json or csv" in out
+
+
+def test_analyze_several_ranks_and_sizes_and_options():
+    out = _cli("analyze", "-p", "4,8", "-s", "64K,1M", "-a", "ps,ring", "--option", "servers=2")
+    heads = [line for line in out.splitlines() if line.startswith("# p = ")]
+    assert heads == [f"# p = {p} ranks, n = {s} bytes ({n} x float64); servers=2"
+                     for p in (4, 8) for s, n in (("64K", 8192), ("1M", 131072))]
+    ps8 = [line.split() for line in out.splitlines() if line.startswith("parameter_server")][-1]
+    assert ps8[2:6] == ["14n", "4n", "7", "7n/2"]     # (p-1)n/K into a server, K = 2
+    rows = json.loads(_cli("analyze", "-p", "4,8", "-s", "64K,1M", "-a", "ring", "--format",
+                           "json"))
+    assert [(r["ranks"], r["bytes"]) for r in rows] == [(4, 65536), (4, 1 << 20), (8, 65536),
+                                                       (8, 1 << 20)]
+    assert rows[-1]["max_rank_bytes_sent"] == 14 * (1 << 20) // 8    # raw bytes in JSON
+
+
+def test_explain_compares_with_the_fastest_and_marks_a_tuned_pick(tmp_path, monkeypatch):
+    from mlcomm.profile import save_profile
+    path = save_profile(Profile(tuned={"8": [[1 << 20, "single_master"]]}), tmp_path / "p.json")
+    out = _cli("explain", "-p", 8, "-s", "1M", "--profile", path)
+    table = out.splitlines()[2:10]
+    assert table[0].split() == ["algorithm", "predicted", "vs", "fastest"]
+    first, rows = table[1].split(), {line.split()[0]: line.split()[1:] for line in table[1:]}
+    assert first[2] == "1.00x" and first[0] != "single_master"   # the fastest prediction
+    auto = rows["single_master"]
+    assert auto[2] == "<-" and auto[3] == "auto" and float(auto[1].rstrip("x")) > 1.5
+    assert sum("<- auto" in line for line in table) == 1
+    assert "measured fastest for 8 ranks" in out
+    model = _cli("explain", "-p", 8, "-s", "1M", "--profile", save_profile(
+        Profile(), tmp_path / "q.json"))
+    assert model.splitlines()[3].split()[2:] == ["1.00x", "<-", "auto"]
+
+
+def test_analysis_flag_errors_name_the_value():
+    from mlcomm.cli import AgreedExit, main
+    for argv, words in ((["analyze", "-p", 8, "-s", "1M", "-o", "servers=2"], "unrecognized"),
+                        (["analyze", "-p", 8, "-s", "1Q"], "not a size: '1Q'"),
+                        (["analyze", "-p", 8, "-s", "1M", "--option", "servers"], "KEY=VALUE"),
+                        (["draw", "-a", "mpi", "-p", 4], "mpi has no schedule"),
+                        (["analyze", "-p", 8, "-s", 12], "not a whole number of float64"),
+                        (["explain", "-p", 8, "-s", "1M", "--profile", "/nonexistent.json"],
+                         "no file")):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), pytest.raises(AgreedExit) as exc:
+            main([str(a) for a in argv])
+        assert exc.value.code == 2 and words in err.getvalue(), (argv, err.getvalue())

@@ -12,7 +12,7 @@ from mlcomm.benchmark.report import format_csv, format_json, format_kernels, for
 
 from conftest import mpirun
 
-BENCH = ["-m", "mlcomm.cli", "bench", "--no-progress"]
+BENCH = ["-m", "mlcomm", "bench", "--no-progress"]
 FAST = ["--min-bytes", "8", "--max-bytes", "4K", "--factor", "8", "--iters", "3",
         "--warmup", "1"]
 
@@ -133,6 +133,9 @@ def test_report_formats():
     assert [set(d) for d in data] == [set(RECORD_KEYS) | set(EXTRA_KEYS)] * len(recs)
     table = format_table(recs)
     assert "busbw(GB/s)" in table and "#wrong" in table
+    assert "# baseline" not in table                      # records without one: no line
+    labelled = format_table([dict(r, baseline="MPI_Allreduce(float32, MPI_SUM)") for r in recs])
+    assert labelled.splitlines()[1] == "# baseline: mpi = MPI_Allreduce(float32, MPI_SUM)"
     assert "<=1 KiB" in table and "best ring" in table
 
 
@@ -220,6 +223,12 @@ def test_check_catches_corrupted_result(nprocs, dtype, op, target):
     assert proc.returncode != 0, proc.stdout + proc.stderr    # a failed check fails the run
     data = json.loads(proc.stdout)
     corrupted = "ring" if target == "1" else target
+    baseline = {d["baseline"] for d in data}
+    assert baseline == {{"float32": "MPI_Allreduce(float32, MPI_SUM)",
+                         "int64": "MPI_Allreduce(int64, MPI_BXOR)",
+                         "bfloat16": "MPI_Allreduce(uint16, MPI_SUM) on the bfloat16 bytes: an "
+                                     "integer sum of their bit patterns timed as a stand-in, not "
+                                     "a bfloat16 avg (MPI cannot reduce bfloat16)"}[dtype]}
     for d in data:
         if d["algorithm"] == corrupted:
             assert d["wrong"] == 1, d                 # one element on one rank
@@ -232,6 +241,44 @@ def test_check_catches_corrupted_result(nprocs, dtype, op, target):
 def test_bench_rejects_unknown_algorithm():
     proc = mpirun(2, BENCH + ["--algorithms", "nonesuch", "--quick"], timeout=120, check=False)
     assert proc.returncode != 0 and "nonesuch" in proc.stderr
+    assert proc.stderr.count("nonesuch") == 1 and proc.stderr.count("usage:") == 1
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["-d", "float32,float16"], "one dtype (a list goes with --kernels)"),
+    (["-d", "int32", "-o", "avg"], "avg needs a floating or complex dtype, got int32"),
+    (["-b", "64K", "-e", "8"], "bad size range"),
+    (["-s", "8,1Q"], "not a size: '1Q'"),
+    (["-n", "0"], "must be 1 or more"),
+    (["--threads", "2"], "--threads goes with --kernels"),
+])
+def test_bench_argument_errors_name_the_flag(argv, words):
+    from mlcomm.cli import AgreedExit, main
+    import contextlib
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(AgreedExit) as exc:
+        main(["bench", *argv])
+    assert exc.value.code == 2 and words in err.getvalue(), err.getvalue()
+
+
+def test_bench_baseline_is_said_in_the_table_n2():
+    proc = mpirun(2, BENCH + ["-a", "ring", "-s", "64,1K", "-n", "2", "-w", "1", "-r", "1",
+                              "-d", "bfloat16"], timeout=120)
+    header = proc.stdout.splitlines()[1]
+    assert header.startswith("# baseline: mpi = MPI_Allreduce(uint16, MPI_SUM) on the "
+                             "bfloat16 bytes") and "not a bfloat16 sum" in header
+    assert proc.stderr == ""                        # no progress bar into a pipe
+
+
+def test_tune_quick_n2(tmp_path):
+    """--quick: the 5 quick sizes, 3 rounds, one sweep, every result checked; seconds."""
+    from mlcomm.benchmark.cli import QUICK_SIZES
+    path = tmp_path / "profile.json"
+    out = mpirun(2, ["-m", "mlcomm", "tune", "--quick", "--profile", path], timeout=120).stdout
+    tuned = json.loads(path.read_text())["tuned"]["2"]
+    assert [n for n, _ in tuned] == list(QUICK_SIZES)
+    assert {name for _, name in tuned} <= _algorithms() - {"mpi", "auto"}
+    assert "(3 rounds, 1 sweeps)" in out and f"# wrote {path}" in out
 
 
 def test_bench_cuda_without_gpu_fails_clearly():
@@ -321,7 +368,7 @@ def test_memory_job_tells_scratch_apart():
     out = {}
     for alg in ("ring", "double_binary_tree"):
         proc = mpirun(2, [ROOT / "bench" / "memory.py", "--worker", "--algorithm", alg,
-                          "--bytes", "32M"], timeout=240)
+                          "--size", "32M"], timeout=240)
         out[alg] = json.loads(proc.stdout.strip().splitlines()[-1])
     ring, tree = out["ring"], out["double_binary_tree"]
     assert ring["correct"] and tree["correct"] and ring["ranks"] == 2

@@ -1,5 +1,6 @@
 """Reduction kernels: every op x dtype against an exact reference, NumPy vs Numba bit for bit."""
 
+import dataclasses
 import math
 import os
 import zlib
@@ -102,6 +103,18 @@ def _exact_f64(a, b, op):
     return out
 
 
+def _ieee_pick(a, b, op):
+    """IEEE 754-2019 maximum/minimum of float arrays: a NaN operand's bits (a's first), -0 < +0."""
+    with np.errstate(invalid="ignore"):  # exact for every float dtype; signalling NaNs warn
+        wa, wb = a.astype(np.float64), b.astype(np.float64)
+        first = (wa > wb) if op == "max" else (wa < wb)
+    out = np.where(np.isnan(wa) | first, a, b)  # b when equal: the same bits, but for zeros
+    zeros = (wa == 0) & (wb == 0)
+    neg = np.signbit(wa) & np.signbit(wb) if op == "max" else np.signbit(wa) | np.signbit(wb)
+    out[zeros] = np.where(neg[zeros], -0.0, 0.0).astype(np.float32).astype(a.dtype)
+    return out
+
+
 def _reference(a, b, op):
     """Return ``a op b`` computed in a wider type and rounded once to ``a.dtype``."""
     dt = a.dtype
@@ -126,14 +139,7 @@ def _reference(a, b, op):
             vals = [v - (1 << bits) if v >= 1 << (bits - 1) else v for v in vals]
         return np.array(vals, dtype=dt)
     if op in ("min", "max"):
-        wa, wb = a.astype(np.float64), b.astype(np.float64)
-        with np.errstate(invalid="ignore"):
-            if dt == np.dtype(np.float16):  # NumPy's float16 keeps a on ties
-                keep = (wa <= wb) if op == "min" else (wa >= wb)
-            else:
-                keep = (wa < wb) if op == "min" else (wa > wb)
-        keep |= np.isnan(wa)
-        return np.where(keep, a, b)
+        return _ieee_pick(a, b, op)
     if kind == "c":
         real = np.float32 if dt == np.dtype(np.complex64) else np.float64
         ra, rb = a.view(real).reshape(-1, 2), b.view(real).reshape(-1, 2)
@@ -394,7 +400,7 @@ def test_float16_ops_without_f16c_equal_numpy(monkeypatch, op):
     """The kernels' float16 ops built on the bit arithmetic match NumPy, NaN bits included."""
     numba = pytest.importorskip("numba")
     nb = numba_backend
-    monkeypatch.setitem(nb._CODECS, "f16", (nb._soft_f16_to_f32, nb._soft_f32_to_f16, True))
+    monkeypatch.setitem(nb._CODECS, "f16", (nb._soft_f16_to_f32, nb._soft_f32_to_f16))
     fn = numba.njit(nb._impl(f"f16_{op}"))
 
     @numba.njit
@@ -457,6 +463,121 @@ def test_numba_uses_every_core(monkeypatch):
     assert numba_backend.num_threads() == cores
     np.testing.assert_array_equal(x, 2)
     assert f"{cores} thread(s)" in K.backends()["numba"]["detail"]
+
+
+# --- the op table --------------------------------------------------------------------------
+
+def test_op_table_records():
+    codes = {"sum": 0, "prod": 1, "min": 2, "max": 3, "band": 4, "bor": 5, "bxor": 6, "land": 7,
+             "lor": 8, "avg": 9}
+    assert tuple(K.OP_TABLE) == K.OPS
+    assert {name: op.code for name, op in K.OP_TABLE.items()} == codes
+    assert [op.code for op in K.OP_BY_CODE] == list(range(10))
+    assert all(K.OP_BY_CODE[op.code] is op for op in K.OP_TABLE.values())
+    assert {name: op.mpi for name, op in K.OP_TABLE.items()} == {
+        "sum": "SUM", "prod": "PROD", "min": "MIN", "max": "MAX", "avg": "SUM", "band": "BAND",
+        "bor": "BOR", "bxor": "BXOR", "land": "LAND", "lor": "LOR"}
+    for op in K.OP_TABLE.values():
+        assert op.reduces_as == ("sum" if op.name == "avg" else op.name)
+        assert op.reduce_code == K.OP_TABLE[op.reduces_as].code
+        assert op.divides == (op.name == "avg")
+        assert op.picks == (op.name in ("min", "max"))
+        for dt in ALL_DTYPES:  # the accepted kinds are exactly what check_op lets through
+            assert K.is_supported(dt, op.name) == (K.dtype_kind(dt) in op.kinds)
+            if K.dtype_kind(dt) not in op.kinds and op.hint(K.dtype_kind(dt)):
+                with pytest.raises(TypeError) as err:
+                    K.check_op(dt, op.name)
+                assert op.hint(K.dtype_kind(dt)) in str(err.value)
+    assert K.op_code("MPI_MAX") == 3 and K.op_code("mean") == 9 and K.op_code("bitwise_or") == 5
+    assert K.op_info("logical_and") is K.OP_TABLE["land"]
+    assert K.OP_TABLE["prod"].ufunc is np.multiply and K.OP_TABLE["avg"].ufunc is np.add
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        K.OP_TABLE["sum"].code = 5
+    with pytest.raises(TypeError):
+        K.OP_TABLE["median"] = K.OP_TABLE["sum"]
+    with pytest.raises(ValueError, match="unknown reduction op"):
+        K.op_code("median")
+
+
+def test_kernel_views_and_scalar_names():
+    u8, u16 = np.dtype(np.uint8), np.dtype(np.uint16)
+    assert K.kernel_view(np.int8, "sum") == u8 and K.kernel_view(np.int8, "max") == np.int8
+    assert K.kernel_view(np.bool_, "lor") == u8
+    assert K.kernel_view(np.complex64, "avg") == np.float32
+    assert K.kernel_view(np.complex128, "prod") == np.complex128
+    assert K.kernel_view(BF16, "max") == BF16
+    assert numba_backend.kernel_dtype(BF16, "max") == u16
+    assert numba_backend.kernel_dtype(np.float16, "sum") == u16
+    assert numba_backend.kernel_dtype(np.int64, "bxor") == np.uint64
+    assert numba_backend.scalar_name(np.float16, "avg") == "f16_sum"
+    assert numba_backend.scalar_name(BF16, "max") == "bf16_max"
+    assert numba_backend.scalar_name(np.float32, "avg") == "sum"
+    assert numba_backend.scalar_name(BF16, "div") == "bf16_div"
+    with pytest.raises(NotImplementedError):
+        numba_backend.scalar("sum", 1, 2)
+
+
+_ELEMENT_PAIRS = [(dt, op) for dt, op in VALID if dt not in (np.dtype(np.float16), BF16)]
+
+
+@pytest.mark.parametrize("dtype,op", _ELEMENT_PAIRS, ids=_ids(_ELEMENT_PAIRS))
+def test_table_element_is_the_numpy_op(dtype, op):
+    """``Op.element`` run by Python on the kernel view gives the NumPy backend's bits."""
+    a, b = _data(dtype, 64, seed=zlib.crc32(f"{dtype}{op}element".encode()))
+    want = a.copy()
+    numpy_backend.reduce_into(want, b, op)
+    view = K.kernel_view(dtype, op)
+    x, y = a.view(view), b.view(view)
+    element = K.OP_TABLE[op].element
+    with np.errstate(all="ignore"):
+        got = np.array([element(p, q) for p, q in zip(x, y)]).astype(view, casting="unsafe")
+    if dtype.kind == "c" and op == "prod":
+        _close_complex(got.view(dtype), a, b)
+    else:
+        assert_same_bits(got.view(dtype), want)
+
+
+def _loop(name):
+    """A user's own @njit loop calling ``scalar`` with the literal ``name``."""
+    numba = pytest.importorskip("numba")
+
+    @numba.njit
+    def loop(d, s):
+        for i in range(d.shape[0]):
+            d[i] = numba_backend.scalar(name, d[i], s[i])
+    return loop
+
+
+_LOOPS = {}
+
+
+@pytest.mark.parametrize("dtype,op", NUMBA_VALID, ids=_ids(NUMBA_VALID))
+def test_scalar_in_another_njit_loop_equals_the_kernels(dtype, op):
+    """scalar(scalar_name(dt, op), ...) on kernel_dtype(dt, op) gives reduce_into's bits."""
+    name = numba_backend.scalar_name(dtype, op)
+    loop = _LOOPS.get(name) or _LOOPS.setdefault(name, _loop(name))
+    a, b = _data(dtype, 301, seed=11)
+    want = a.copy()
+    numba_backend.reduce_into(want, b, op)
+    kdt = numba_backend.kernel_dtype(dtype, op)
+    got = a.copy()
+    loop(got.view(kdt), b.view(kdt))
+    assert_same_bits(got, want)
+
+
+def test_scalar_with_a_literal_in_the_source():
+    numba = pytest.importorskip("numba")
+
+    @numba.njit
+    def bf16_max(d, s):
+        for i in range(d.shape[0]):
+            d[i] = numba_backend.scalar("bf16_max", d[i], s[i])
+
+    a = np.array([0.0, -0.0, np.nan, 1.0], BF16)
+    b = np.array([-0.0, 0.0, 2.0, np.nan], BF16)
+    got = a.view(np.uint16).copy()
+    bf16_max(got, b.view(np.uint16))
+    assert got.tolist() == [0x0000, 0x0000, a.view(np.uint16)[2], b.view(np.uint16)[3]]
 
 
 # --- check_op ------------------------------------------------------------------------------
@@ -562,6 +683,156 @@ def test_property_backends_agree_with_reference(case):
     if dtype.kind == "c" and op == "prod":
         return
     assert_same_bits(x, _reference(a, b, op), nan_bits=False)
+
+
+# --- min/max: NaN propagates, -0 < +0, on every backend --------------------------------------
+
+FLOATS = [np.dtype(np.float16), BF16, np.dtype(np.float32), np.dtype(np.float64)]
+_UINTS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+# NaNs of both signs, quiet and signalling, with payloads, as raw bits per width
+_NANS = {2: {np.dtype(np.float16): [0x7E00, 0xFE00, 0x7C01, 0xFE05, 0x7D55],
+             BF16: [0x7FC0, 0xFFC0, 0x7F81, 0xFFC5, 0x7FD5]},
+         4: [0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFC00005, 0x7FD55555],
+         8: [0x7FF8000000000000, 0xFFF8000000000000, 0x7FF0000000000001,
+             0xFFF8000000000005, 0x7FF5555555555555]}
+
+
+def _nans(dtype):
+    table = _NANS[dtype.itemsize]
+    bits = table[dtype] if isinstance(table, dict) else table
+    return np.array(bits, _UINTS[dtype.itemsize]).view(dtype)
+
+
+def _run(backend, dst, src, op):
+    """Reduce with ``backend``: "numpy", "numba" or "scalar" (a user's njit loop)."""
+    if backend == "scalar":
+        name = numba_backend.scalar_name(dst.dtype, op)
+        loop = _LOOPS.get(name) or _LOOPS.setdefault(name, _loop(name))
+        kdt = numba_backend.kernel_dtype(dst.dtype, op)
+        loop(dst.view(kdt), src.view(kdt))
+    else:
+        K.reduce_into(dst, src, op, backend=backend)
+    return dst
+
+
+PICK_BACKENDS = ["numpy", "numba", "scalar"]
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("backend", PICK_BACKENDS)
+def test_signed_zeros_are_ordered(backend, dtype, op):
+    zeros = np.array([0.0, -0.0], dtype)
+    a = np.repeat(zeros, 2)  # +0 +0 -0 -0
+    b = np.tile(zeros, 2)    # +0 -0 +0 -0
+    got = _run(backend, a.copy(), b, op)
+    swapped = _run(backend, b.copy(), a, op)
+    want = [0.0, 0.0, 0.0, -0.0] if op == "max" else [0.0, -0.0, -0.0, -0.0]
+    assert_same_bits(got, np.array(want, dtype))
+    assert_same_bits(swapped, got)
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("backend", PICK_BACKENDS)
+def test_nan_propagates_from_either_side(backend, dtype, op):
+    nans = _nans(dtype)
+    others = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf], dtype)
+    nan_first = np.repeat(nans, others.size)
+    other = np.tile(others, nans.size)
+    assert_same_bits(_run(backend, nan_first.copy(), other, op), nan_first)  # its bits
+    assert_same_bits(_run(backend, other.copy(), nan_first, op), nan_first)
+    a = np.repeat(nans, nans.size)  # two NaNs: the first operand's
+    b = np.tile(nans, nans.size)
+    assert_same_bits(_run(backend, a.copy(), b, op), a)
+
+
+def _sprinkled(draw, dtype, n):
+    """``n`` random values of ``dtype`` with zeros of both signs and NaNs sprinkled in."""
+    values = draw(hnp.arrays(np.float64, n, elements=st.floats(-1e4, 1e4, width=32)))
+    kinds = draw(hnp.arrays(np.int8, n, elements=st.integers(0, 5)))
+    nans = _nans(dtype)
+    with np.errstate(all="ignore"):
+        out = values.astype(np.float32).astype(dtype)
+    out[kinds == 1] = 0.0
+    out[kinds == 2] = -0.0
+    picks = draw(hnp.arrays(np.int8, n, elements=st.integers(0, nans.size - 1)))
+    out[kinds == 3] = nans[picks[kinds == 3]]
+    return out
+
+
+@st.composite
+def _pick_case(draw):
+    dtype = draw(st.sampled_from(FLOATS))
+    op = draw(st.sampled_from(["max", "min"]))
+    n = draw(st.integers(1, 80))
+    return dtype, op, _sprinkled(draw, dtype, n), _sprinkled(draw, dtype, n)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_pick_case())
+def test_property_min_max_every_backend_same_bits(case):
+    dtype, op, a, b = case
+    want = _ieee_pick(a, b, op)
+    for backend in PICK_BACKENDS:
+        assert_same_bits(_run(backend, a.copy(), b, op), want)
+    # commutative, but for which of two NaNs
+    swapped = _run("numpy", b.copy(), a, op)
+    with np.errstate(invalid="ignore"):
+        both_nan = np.isnan(a.astype(np.float64)) & np.isnan(b.astype(np.float64))
+    assert_same_bits(swapped[~both_nan], want[~both_nan])
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("backend", PICK_BACKENDS)
+def test_min_max_do_not_depend_on_the_reduction_order(backend, dtype, op):
+    """Any order of combining ranks' vectors, as algorithms differ in, gives the same bits."""
+    rng = np.random.default_rng(3)
+    n, ranks = 64, 7
+    vectors = rng.choice(np.array([0.0, -0.0, 1.0, -1.0, 0.5, np.nan], np.float32),
+                         (ranks, n)).astype(dtype)
+
+    def chain(order):
+        acc = vectors[order[0]].copy()
+        for r in order[1:]:
+            _run(backend, acc, vectors[r], op)
+        return acc
+
+    def tree(rows):
+        rows = [v.copy() for v in rows]
+        while len(rows) > 1:
+            for i in range(0, len(rows) - 1, 2):
+                _run(backend, rows[i], rows[i + 1], op)
+            rows = rows[::2]
+        return rows[0]
+
+    want = chain(list(range(ranks)))
+    assert_same_bits(chain(list(range(ranks))[::-1]), want)
+    assert_same_bits(chain(list(rng.permutation(ranks))), want)
+    assert_same_bits(tree(list(vectors[rng.permutation(ranks)])), want)
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_bare_kernels_order_zeros_whatever_aliases(op):
+    """The executor's kernels: dst = dst op src, and dst = left op src with dst one of them."""
+    a = np.array([0.0, -0.0, 0.0, -0.0, np.nan, 2.0], np.float32)
+    b = np.array([-0.0, 0.0, 0.0, -0.0, 1.0, np.nan], np.float32)
+    want = _ieee_pick(a, b, op)
+    with np.errstate(all="ignore"):
+        x = a.copy()
+        numpy_backend.bare_kernel(op)(x, b)
+        assert_same_bits(x, want)
+        kernel3 = numpy_backend.bare_kernel3(op)
+        out = np.empty_like(a)
+        kernel3(out, a, b)
+        assert_same_bits(out, want)
+        x = a.copy()
+        kernel3(x, x, b)
+        assert_same_bits(x, want)
+        y = b.copy()
+        kernel3(y, a, y)
+        assert_same_bits(y, want)
 
 
 # --- bandwidth -----------------------------------------------------------------------------

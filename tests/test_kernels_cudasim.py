@@ -61,11 +61,12 @@ def _bits(x):
 
 def _nan_mask(x):
     import ml_dtypes
-    if x.dtype == np.dtype(ml_dtypes.bfloat16) or x.dtype.kind == "f":
-        return np.isnan(x.astype(np.float64)).reshape(-1)
-    if x.dtype.kind == "c":
-        real = x.view(np.float32 if x.dtype == np.dtype(np.complex64) else np.float64)
-        return np.isnan(real).reshape(-1)
+    with np.errstate(invalid="ignore"):
+        if x.dtype == np.dtype(ml_dtypes.bfloat16) or x.dtype.kind == "f":
+            return np.isnan(x.astype(np.float64)).reshape(-1)
+        if x.dtype.kind == "c":
+            real = x.view(np.float32 if x.dtype == np.dtype(np.complex64) else np.float64)
+            return np.isnan(real).reshape(-1)
     return np.zeros(_bits(x).size, bool)
 
 
@@ -78,6 +79,62 @@ def _compare(got, want, exact_nans):
     bad = np.flatnonzero(g != w)
     return None if bad.size == 0 else f"{bad.size} differ, first bit patterns " \
         f"{g[bad[:3]].tolist()} vs {w[bad[:3]].tolist()}"
+
+
+def _floats():
+    import ml_dtypes
+    return [np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32),
+            np.dtype(np.float64)]
+
+
+def _pick_case(dtype, seed):
+    """min/max operands: every pair of special values (zeros of both signs, infinities, NaNs
+    of both signs with payloads, quiet and signalling), then random values with zeros and
+    NaNs sprinkled in."""
+    width = dtype.itemsize
+    uint = np.dtype(f"u{width}")
+    nans = {2: [0x7E00, 0xFE00, 0x7C01, 0x7D55] if dtype == np.float16 else
+            [0x7FC0, 0xFFC0, 0x7F81, 0xFFD5],
+            4: [0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFD55555],
+            8: [0x7FF8000000000000, 0xFFF8000000000000, 0x7FF0000000000001,
+                0xFFFD555555555555]}[width]
+    nans = np.array(nans, uint).view(dtype)
+    special = np.concatenate([np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, 0.5], np.float32)
+                              .astype(dtype), nans])
+    rng = np.random.default_rng(seed)
+    n = 120
+    ra = rng.standard_normal(n).astype(np.float32).astype(dtype)
+    rb = rng.standard_normal(n).astype(np.float32).astype(dtype)
+    for r in (ra, rb):
+        kind = rng.integers(0, 5, n)
+        r[kind == 1] = 0.0
+        r[kind == 2] = -0.0
+        r[kind == 3] = nans[rng.integers(0, nans.size, n)][kind == 3]
+    a = np.concatenate([np.repeat(special, special.size), ra])
+    b = np.concatenate([np.tile(special, special.size), rb])
+    return a, b
+
+
+def run_pick_checks(to_device, to_host, backend):
+    """min/max on every float dtype against the NumPy backend, NaN bits included, both
+    operand orders. Returns failures."""
+    import ml_dtypes
+    import mlcomm.kernels as K
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    failures = []
+    for i, dt in enumerate(_floats()):
+        raw = np.uint16 if dt == bf16 else dt
+        for op in ("max", "min"):
+            a, b = _pick_case(dt, seed=i)
+            for x, y in ((a, b), (b, a)):
+                want = x.copy()
+                K.reduce_into(want, y, op, backend="numpy")
+                d = to_device(x.view(raw))
+                K.reduce_into(d, to_device(y.view(raw)), op, backend=backend, dtype=dt)
+                msg = _compare(to_host(d).view(dt), want, exact_nans=True)
+                if msg:
+                    failures.append(f"{backend} {dt} {op}: {msg}")
+    return failures
 
 
 def run_checks(to_device, to_host, backend, exact_nans, n=150):
@@ -132,6 +189,7 @@ def _simulator_main():
 
     report = {"backends": K.backends()["cuda"], "pairs": len(_pairs())}
     failures = run_checks(cuda.to_device, lambda d: d.copy_to_host(), "cuda", exact_nans=True)
+    failures += run_pick_checks(cuda.to_device, lambda d: d.copy_to_host(), "cuda")
 
     # automatic selection, multi-dimensional arrays, a stream, 2-D bool, plain dtypes
     a = np.arange(24, dtype=np.int16).reshape(4, 6)
@@ -196,14 +254,15 @@ def _ptx_main():
                 todo.append((cb._k_div, (types.Array(v, 1, "C"), v)))
     failures, done = [], set()
     for kernel, sig in todo:
-        key = (kernel.py_func.__name__, str(sig))
+        key = (id(kernel), str(sig))
         if key in done:
             continue
         done.add(key)
         try:
             cuda.compile_ptx(kernel.py_func, sig, cc=(8, 0), opt=False)
         except Exception as exc:
-            failures.append(f"{key}: {type(exc).__name__}: {str(exc)[:200]}")
+            failures.append(f"{kernel.py_func.__qualname__} {sig}: {type(exc).__name__}: "
+                            f"{str(exc)[:200]}")
     print("PTX-REPORT " + json.dumps({"compiled": len(done), "failures": failures}))
 
 
@@ -236,6 +295,7 @@ def test_cupy_kernels_on_gpu():
     _gpu_or_skip("cupy")
     import cupy
     failures = run_checks(cupy.asarray, cupy.asnumpy, "cupy", exact_nans=False)
+    failures += run_pick_checks(cupy.asarray, cupy.asnumpy, "cupy")
     assert failures == []
     x = cupy.arange(10, dtype=cupy.float32)
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -252,6 +312,7 @@ def test_numba_cuda_kernels_on_gpu():
     _gpu_or_skip("cuda")
     from numba import cuda
     failures = run_checks(cuda.to_device, lambda d: d.copy_to_host(), "cuda", exact_nans=False)
+    failures += run_pick_checks(cuda.to_device, lambda d: d.copy_to_host(), "cuda")
     assert failures == []
 
 
@@ -275,6 +336,89 @@ def test_numba_cuda_kernels_compile_to_ptx():
     assert proc.returncode == 0 and lines, proc.stdout[-4000:] + proc.stderr[-4000:]
     report = json.loads(lines[-1].split(" ", 1)[1])
     assert report["failures"] == [] and report["compiled"] >= 60, report
+
+
+# --- CuPy's kernel bodies, compiled for the host ----------------------------------------------
+
+_C_TYPES = {"int8": "signed char", "int16": "short", "int32": "int", "int64": "long long",
+            "uint8": "unsigned char", "uint16": "unsigned short", "uint32": "unsigned int",
+            "uint64": "unsigned long long", "float32": "float", "float64": "double",
+            "float16": "_Float16"}
+
+
+def _host_cupy_library(tmp_path):
+    """Compile every CuPy kernel body for real dtypes as host C++ functions; return
+    {(dtype name, op): (ctypes function, view dtype)}."""
+    import ctypes
+    import shutil
+    import mlcomm.kernels as K
+    from mlcomm.kernels import cupy_backend as cb
+    compiler = shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        pytest.skip("no C++ compiler to build CuPy's kernel bodies for the host")
+    lines = ["#include <cstring>",
+             "static inline float __uint_as_float(unsigned int u) "
+             "{ float f; std::memcpy(&f, &u, 4); return f; }",
+             "static inline unsigned int __float_as_uint(float f) "
+             "{ unsigned int u; std::memcpy(&u, &f, 4); return u; }",
+             cb._BF16_PREAMBLE.replace("__device__ __forceinline__", "static inline")]
+    funcs = {}
+    for dt, op in _pairs():
+        if dt.kind == "c":  # CuPy's complex type is not host C++
+            continue
+        variant = cb._variant(dt)
+        view = cb._view_dtype(dt, op)
+        ctype = _C_TYPES[str(dt) if variant == 1 else str(view)]
+        name = f"k{len(funcs)}"
+        lines.append(f"extern \"C\" void {name}({ctype} *pa, const {ctype} *pb, long n) "
+                     f"{{ typedef {ctype} T; for (long i = 0; i < n; i++) {{ T a = pa[i]; "
+                     f"T b = pb[i]; {cb._body(op, variant)}; pa[i] = a; }} }}")
+        funcs[(str(dt), op)] = (name, view)
+    source = tmp_path / "bodies.cpp"
+    source.write_text("\n".join(lines) + "\n")
+    lib = tmp_path / "bodies.so"
+    proc = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(lib), str(source)],
+                          capture_output=True, text=True)
+    if proc.returncode and "_Float16" in proc.stderr:
+        pytest.skip(f"{compiler} has no _Float16: {proc.stderr[-300:]}")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    dll = ctypes.CDLL(str(lib))
+    return {key: (getattr(dll, name), view) for key, (name, view) in funcs.items()}
+
+
+def _host_run(fn, x, y, view):
+    import ctypes
+    d, s = x.view(view).copy(), np.ascontiguousarray(y.view(view))
+    fn(ctypes.c_void_p(d.ctypes.data), ctypes.c_void_p(s.ctypes.data), ctypes.c_long(d.size))
+    return d.view(x.dtype)
+
+
+def test_cupy_kernel_bodies_on_host(tmp_path):
+    """CuPy's C bodies, built from OP_TABLE's c_expr, give the NumPy backend's bits.
+
+    Compiled for the host CPU, so they are checked without a GPU: every real dtype and op
+    (NaN payloads of sum/prod may differ, as on a GPU), and min/max with NaN bits exact.
+    """
+    import mlcomm.kernels as K
+    funcs = _host_cupy_library(tmp_path)
+    failures = []
+    for i, (dt, op) in enumerate(_pairs()):
+        if (str(dt), op) not in funcs:
+            continue
+        fn, view = funcs[(str(dt), op)]
+        cases = [_case(dt, 150, seed=i)]
+        if op in ("max", "min") and dt in _floats():
+            a, b = _pick_case(dt, seed=i)
+            cases += [(a, b), (b, a)]
+        for a, b in cases:
+            want = a.copy()
+            K.reduce_into(want, b, op, backend="numpy")
+            got = _host_run(fn, a, b, view)
+            msg = _compare(got, want, exact_nans=op in ("max", "min"))
+            if msg:
+                failures.append(f"{dt} {op}: {msg}")
+    assert len(funcs) == sum(1 for dt, _ in _pairs() if dt.kind != "c") == 97
+    assert failures == []
 
 
 if __name__ == "__main__" and "--simulator" in sys.argv:

@@ -17,13 +17,6 @@ def test_mpi_suite(nprocs):
 
 @pytest.mark.parametrize("nprocs", [1, 3, 8])
 def test_verify_command_passes(nprocs):
-    proc = mpirun(nprocs, ["-m", "mlcomm", "verify", "--dtypes", "int32,float64,bfloat16",
-                           "--ops", "sum,max,avg,bxor"], timeout=600)
-    assert "ALL PASSED" in proc.stdout
-
-
-def test_an_exception_on_one_rank_aborts_the_job():
-    proc = mpirun(3, ["-c", "import sys; sys.argv=['mlcomm','verify','--dtypes','nonsense'];"
-                            "import mlcomm.cli; mlcomm.cli.main()"], timeout=120, check=False)
-    assert proc.returncode != 0
-    assert "nonsense" in proc.stderr
+    proc = mpirun(nprocs, ["-m", "mlcomm", "verify", "--dtype", "int32,float64,bfloat16",
+                           "--op", "sum,max,avg,bxor"], timeout=600)
+    assert "ALL PASSED" in proc.stdout and "FAIL" not in proc.stdout

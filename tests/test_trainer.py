@@ -3,6 +3,7 @@
 import json
 import textwrap
 
+import numpy as np
 import pytest
 
 from conftest import mpirun
@@ -135,33 +136,187 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path):
 
 MODES_BODY = """
 out = sys.argv[1]
-kw = dict(steps=120, progress=False, straggler="random:3", eval_every=20)
-for name, opts in [("ssp", dict(sync="ssp", staleness=2)),
-                   ("backup", dict(backup_workers=1)),
-                   ("async", dict(sync="async", servers=1))]:
+kw = dict(progress=False, straggler="random:3", eval_every=20)
+# equal samples: 120 synchronous steps of 4 x 32 are 480 async updates of 32; 360 keeps it short
+for name, opts in [("ssp", dict(sync="ssp", staleness=2, steps=120)),
+                   ("backup", dict(backup_workers=1, steps=120)),
+                   ("async", dict(sync="async", servers=1, steps=360))]:
     res = train(metrics=f"{out}/{name}.{'json' if name == 'async' else 'csv'}", **kw, **opts)
     assert identical(res.params), name
+    computed = comm.allreduce(res.computed)
     if rank == 0:
-        print(f"{name} acc={res.test_accuracy:.4f} step={res.step}")
+        steps, rows = opts["steps"], res.metrics
+        updates = sum(r["updates"] for r in rows)
+        dropped = sum(r["dropped"] for r in rows)
+        print(f"{name} acc={res.test_accuracy:.4f} step={res.step} computed={computed} "
+              f"dropped={dropped} staleness max={max(r['staleness_max'] for r in rows)}")
         # async's staleness depends on scheduling on a shared machine: a looser bar
         assert res.test_accuracy >= (0.85 if name == "async" else 0.9), (name, res.test_accuracy)
-        assert res.step == 120
+        assert res.step == steps and rows[-1]["step"] == steps, (res.step, rows[-1])
+        if name == "ssp":  # every rank's update of every clock, none older than s clocks
+            assert updates == steps * size and computed == steps * size and dropped == 0
+            assert all(0 <= r["staleness_mean"] <= r["staleness_max"] <= 2 for r in rows)
+        elif name == "backup":  # every gradient computed is used (P - b a step) or dropped
+            assert updates == steps and computed == steps * (size - 1) + dropped
+            assert all(r["staleness_max"] == 0 for r in rows)
+        else:  # every push is applied (steps of them) or dropped after the count
+            assert updates == steps and computed == steps + dropped, (updates, computed, dropped)
+            assert dropped <= size - 1
+            assert all(r["staleness_mean"] <= r["staleness_max"] for r in rows if r["updates"])
+        print("OK", name)
 """
 
 
 def test_ssp_backup_async_with_straggler_and_metrics(tmp_path):
-    from mlcomm.trainer.metrics import read_metrics
+    from mlcomm.trainer.metrics import COLUMNS, read_metrics
     proc = mpirun(4, [_script(tmp_path, MODES_BODY), tmp_path], timeout=120)
     print(proc.stdout)
+    assert proc.stdout.count("OK ") == 3, proc.stdout
     for name, ext in (("ssp", "csv"), ("backup", "csv"), ("async", "json")):
         rows = read_metrics(tmp_path / f"{name}.{ext}")
         assert rows, (name, proc.stdout)
-        for col in ("step", "wall_s", "loss", "test_accuracy", "samples_per_s", "compute_s",
-                    "comm_s", "bytes_sent"):
+        for col in COLUMNS:
             assert col in rows[0], (name, col)
+        for col in ("updates", "samples", "staleness_max", "dropped"):
+            assert all(isinstance(r[col], int) for r in rows), (name, col)
         assert rows[-1]["test_accuracy"] >= 0.85
-        assert rows[-1]["step"] == 120
-    json.loads((tmp_path / "async.json").read_text())
+    meta = json.loads((tmp_path / "async.json").read_text())["meta"]
+    assert meta["updates"] == meta["step"] == 360, meta
+
+
+STRAGGLER_BODY = """
+# rank 1 sleeps 30 ms a step, for good: the job ends at 60 updates, whoever sent them
+res = train(sync="async", straggler="1:30", **dict(SMALL, steps=60))
+computed = comm.allreduce(res.computed)
+if rank == 0:
+    rows = res.metrics
+    dropped = sum(r["dropped"] for r in rows)
+    assert res.step == 60 and sum(r["updates"] for r in rows) == 60, (res.step, rows[-1])
+    # each worker has at most one push in flight when the count is reached
+    assert computed == 60 + dropped and dropped <= size - 1, (computed, dropped)
+    print(f"OK async stopped at {res.step} updates; workers computed {computed}, dropped {dropped}")
+"""
+
+
+def test_async_straggler_stops_on_global_count(tmp_path):
+    proc = mpirun(4, [_script(tmp_path, STRAGGLER_BODY)], timeout=60)
+    assert "OK async stopped at 60 updates" in proc.stdout, proc.stdout
+
+
+ASYNC_CKPT_BODY = """
+path, steps = sys.argv[1], int(sys.argv[2])
+kw = dict(SMALL, sync="async", compress="topk:0.1", checkpoint=path, checkpoint_every=20,
+          steps=steps)
+res = train(resume=len(sys.argv) > 3, **kw)
+if rank == 0:
+    rows = res.metrics
+    start = rows[0]["step"] - rows[0]["updates"] if rows else res.step
+    print(f"DONE step={res.step} start={start} updates={sum(r['updates'] for r in rows)}")
+"""
+
+
+def test_async_checkpoint_every_n_and_resume(tmp_path):
+    import shutil
+    from mlcomm.trainer.checkpoint import load
+    script = _script(tmp_path, ASYNC_CKPT_BODY)
+    ck = tmp_path / "async.npz"
+    # server 0 aborts the job at update 45: the checkpoint of the cut after update 40 stays
+    proc = mpirun(3, [script, ck, 60], env={"MLCOMM_TRAIN_CRASH_AT": "45"}, check=False, timeout=60)
+    assert proc.returncode != 0
+    arrays, meta = load(ck)
+    saved = meta["step"]
+    assert 40 <= saved < 45, saved
+    workers = [f"rank{r}_comp0_residual" for r in (1, 2)]
+    assert all(k in arrays and np.any(arrays[k]) for k in workers), sorted(arrays)
+    # resumed with nothing left to do, the run writes back exactly what it loaded
+    again = tmp_path / "again.npz"
+    shutil.copy(ck, again)
+    proc = mpirun(3, [script, again, saved, "resume"], timeout=60)
+    assert f"DONE step={saved}" in proc.stdout, proc.stdout
+    arrays2, meta2 = load(again)
+    assert meta2["step"] == saved and sorted(arrays2) == sorted(arrays)
+    for k in arrays:
+        assert np.array_equal(arrays[k], arrays2[k]), k
+    # resumed to 60, it continues from the saved count
+    proc = mpirun(3, [script, ck, 60, "resume"], timeout=60)
+    assert f"DONE step=60 start={saved} updates={60 - saved}" in proc.stdout, proc.stdout
+
+
+def _cli_train(ranks, *options, **kw):
+    return mpirun(ranks, ["-m", "mlcomm.cli", "train", "--model", "mlp1", "--hidden", "16",
+                          "--batch-size", "8", "--dtype", "float64", "--no-progress",
+                          *map(str, options)], **kw)
+
+
+def test_resume_on_another_p_says_what_changed(tmp_path):
+    ck = tmp_path / "ck.npz"
+    _cli_train(4, "--steps", "4", "--compress", "topk:0.1", "--checkpoint", ck, timeout=60)
+    proc = _cli_train(2, "--steps", "6", "--compress", "topk:0.1", "--checkpoint", ck,
+                      "--resume", timeout=60)
+    lines = [ln for ln in proc.stderr.splitlines() if "resuming" in ln]
+    assert lines == [f"mlcomm train: resuming {ck} (step 4, written by 4 ranks) on P=2: "
+                     "global batch 32 -> 16; learning rate 0.05 -> 0.025 (--lr-scaling linear); "
+                     "not carried: the 4 old ranks' topk error-feedback residuals "
+                     "(they start at zero)"], proc.stderr
+    assert "finished step 6" in proc.stdout, proc.stdout
+
+
+CORRUPT_BODY = """
+import json
+cases = json.loads(sys.argv[1])
+for path, opts, expect in cases:
+    try:
+        train(checkpoint=path, resume=True, **dict(SMALL, **opts))
+    except ValueError as exc:
+        msg = str(exc)
+        assert "\\n" not in msg and msg.startswith(f"checkpoint {path} ") and expect in msg, msg
+        assert msg.endswith("or pass another --checkpoint"), msg
+        print(f"OK rank {rank}: {msg}")
+    else:
+        raise AssertionError(f"{path} {opts} was accepted")
+"""
+
+
+def test_corrupt_or_mismatched_checkpoint_is_one_line(tmp_path):
+    from mlcomm.trainer.checkpoint import load, save
+    good = tmp_path / "good.npz"
+    _cli_train(2, "--steps", "2", "--checkpoint", good, timeout=60)
+    raw = good.read_bytes()
+    arrays, meta = load(good)
+    cases = []
+
+    def case(name, data, expect, **opts):
+        path = tmp_path / name
+        if data is not None:
+            path.write_bytes(data)
+        cases.append((str(path if data is not None else good), opts, expect))
+
+    case("truncated.npz", raw[:len(raw) // 2], "is truncated or corrupt (BadZipFile)")
+    case("flipped.npz", raw[:300] + bytes(b ^ 0xFF for b in raw[300:400]) + raw[400:],
+         "is truncated or corrupt")
+    case("garbage.npz", b"\x13\x37" * 500, "is not an .npz archive")
+    case("empty.npz", b"", "is empty")
+    np.savez(tmp_path / "nometa.npz", params=arrays["params"])
+    cases.append((str(tmp_path / "nometa.npz"), {}, "has no __meta__ record"))
+    save(tmp_path / "nokeys.npz", {"params": arrays["params"]},
+         {k: v for k, v in meta.items() if k != "sizes"})
+    cases.append((str(tmp_path / "nokeys.npz"), {}, "lacks sizes, velocity"))
+    save(tmp_path / "shape.npz", {"params": arrays["params"][:-3], "velocity": arrays["velocity"]},
+         meta)
+    cases.append((str(tmp_path / "shape.npz"), {}, "holds params of shape"))
+    case("model", None, "holds a mlp1 model with layers [64, 16, 10]", hidden=(32,))
+    case("sync", None, "was written by a P=2 bsp run; this run is P=2 ssp: resume with --sync bsp and no",
+         sync="ssp")
+    proc = mpirun(2, [_script(tmp_path, CORRUPT_BODY), json.dumps(cases)], timeout=60)
+    assert proc.stdout.count("OK rank") == 2 * len(cases), proc.stdout
+    # the command line: one line, a non-zero exit on every rank, no traceback
+    for path, opts in ((tmp_path / "truncated.npz", []), (good, ["--sync", "ssp"])):
+        proc = _cli_train(2, "--checkpoint", path, "--resume", *opts, check=False, timeout=60)
+        assert proc.returncode != 0, proc.stdout
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"mlcomm train: error: checkpoint {path} "), \
+            proc.stderr
+        assert "Traceback" not in proc.stderr
 
 
 BAD_BODY = """

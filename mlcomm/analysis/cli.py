@@ -6,44 +6,16 @@ import argparse
 import csv
 import io
 import json
-import re
+import os
 import sys
+from fractions import Fraction
 
-__all__ = ["register", "parse_size", "parse_list", "format_rows"]
+from ..commands import (add_algorithms, add_dtype, add_format, add_op, add_option,
+                        add_output, add_profile, add_progress, add_quick, add_sizes,
+                        algorithm, is_root, op_list, options, positive_int, rank_list,
+                        show_progress, size)
 
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def parse_size(text) -> int:
-    """Parse ``8``, ``64K``, ``16M``, ``1G``, ``4KiB`` (binary units) into bytes."""
-    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (write e.g. 8, 64K, 16M)")
-    return int(m.group(1)) * _UNITS[m.group(2).upper()]
-
-
-def parse_list(text, item=int) -> list:
-    """Parse ``a,b,c`` or ``2,4,8,...,4096[,more]`` (geometric, or arithmetic when b-a is the step)."""
-    parts = [t.strip() for t in str(text).split(",") if t.strip()]
-    if "..." not in parts:
-        return [item(t) for t in parts]
-    i = parts.index("...")
-    if i < 2 or i == len(parts) - 1:
-        raise ValueError(f"{text!r}: write a,b,...,z with two values before '...'")
-    head = [item(t) for t in parts[:i]]
-    a, b, last = head[-2], head[-1], item(parts[i + 1])
-    out = head[:]
-    if a > 0 and b % a == 0 and b // a > 1:
-        while out[-1] * (b // a) <= last:
-            out.append(out[-1] * (b // a))
-    elif b > a:
-        while out[-1] + (b - a) <= last:
-            out.append(out[-1] + (b - a))
-    else:
-        raise ValueError(f"{text!r}: the values before '...' must grow")
-    if out[-1] != last:
-        out.append(last)
-    return out + parse_list(",".join(parts[i + 2:]), item) if parts[i + 2:] else out
+__all__ = ["register", "format_rows", "format_analysis", "in_n"]
 
 
 def _seconds(x) -> str:
@@ -54,6 +26,20 @@ def _seconds(x) -> str:
     if x < 1:
         return f"{x * 1e3:.3f}ms"
     return f"{x:.3f}s"
+
+
+def _bytes(n) -> str:
+    from ..benchmark.harness import format_size
+    return format_size(n)
+
+
+def _align(header, cells) -> list:
+    """Lines of a text table: the first column left-aligned, the others right-aligned."""
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h)
+              for i, h in enumerate(header)]
+    return ["  ".join(v.rjust(w) if i else v.ljust(w)
+                      for i, (v, w) in enumerate(zip(row, widths))).rstrip()
+            for row in [header, *cells]]
 
 
 def format_rows(rows, keys, fmt: str) -> str:
@@ -69,46 +55,60 @@ def format_rows(rows, keys, fmt: str) -> str:
         return buf.getvalue().rstrip("\n")
     cells = [[_seconds(r.get(k)) if k.endswith("seconds") else
               ("-" if r.get(k) is None else str(r.get(k))) for k in keys] for r in rows]
-    widths = [max(len(k), *(len(c[i]) for c in cells)) if cells else len(k)
-              for i, k in enumerate(keys)]
-    lines = ["  ".join(k.rjust(w) if i else k.ljust(w) for i, (k, w) in enumerate(zip(keys, widths)))]
-    for c in cells:
-        lines.append("  ".join(v.rjust(w) if i else v.ljust(w)
-                               for i, (v, w) in enumerate(zip(c, widths))))
-    return "\n".join(lines)
+    return "\n".join(_align(list(keys), cells))
 
 
-def _algorithms(text) -> list[str] | None:
-    if not text or text == "all":
-        return None
-    from ..algorithms import resolve
-    return [resolve(t.strip()) for t in text.split(",") if t.strip()]
+def in_n(nbytes, n: int, p: int) -> str:
+    """``nbytes`` as the lecture notes write a volume: a multiple of the message size ``n``.
+
+    Whole multiples read ``56n`` (``n`` for one); (p-1)n/p and 2(p-1)n/p keep the notes'
+    denominator p (``7n/8`` and ``14n/8`` at p = 8); other fractions are reduced
+    (``n/2``, ``7n/2``); anything else is a decimal (``1.34n``).
+    """
+    if nbytes is None:
+        return "-"
+    if not n or not nbytes:
+        return str(nbytes)
+    f = Fraction(int(nbytes), int(n))
+    coef = lambda k: "" if k == 1 else str(k)
+    if f.denominator == 1:
+        return f"{coef(f.numerator)}n"
+    k = f * p
+    if p > 1 and k in (p - 1, 2 * (p - 1)):
+        return f"{coef(k.numerator)}n/{p}"
+    if f.denominator <= 64:
+        return f"{coef(f.numerator)}n/{f.denominator}"
+    return f"{float(f):.3g}n"
 
 
-def _options(pairs) -> dict:
-    out = {}
-    for pair in pairs or ():
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"--option {pair!r}: write KEY=VALUE, e.g. servers=2")
-        try:
-            out[key] = int(value)
-        except ValueError:
-            out[key] = None if value.lower() == "none" else value
-    return out
+_NOTES_COLUMNS = ("algorithm", "rounds", "total sent", "max/rank", "fan-in", "in/round",
+                  "simulated", "formula")
 
 
-def _itemsize(dtype) -> int:
-    import numpy as np
-    if dtype == "bfloat16":
-        return 2
-    return np.dtype(dtype).itemsize
+def format_analysis(rows) -> str:
+    """The notes' cost table of analysis rows of one rank count and size (volumes in n)."""
+    cells = []
+    for r in rows:
+        p, n = r["ranks"], r["bytes"]
+        sent, got = r["max_rank_bytes_sent"], r["max_rank_bytes_received"]
+        per_rank = in_n(sent, n, p) if sent == got else \
+            f"{in_n(sent, n, p)} out, {in_n(got, n, p)} in"
+        cells.append([r["algorithm"], "-" if r["rounds"] is None else str(r["rounds"]),
+                      in_n(r["total_bytes_sent"], n, p), per_rank,
+                      "-" if r["max_fan_in"] is None else str(r["max_fan_in"]),
+                      in_n(r["max_round_bytes_in"], n, p),
+                      _seconds(r["predicted_seconds"]), _seconds(r["formula_seconds"])])
+    return "\n".join(_align(list(_NOTES_COLUMNS), cells))
+
+
+def _load_profile(args):
+    from ..profile import load_profile
+    return load_profile(args.profile)
 
 
 def _network(args):
-    from ..profile import load_profile
     from .simulator import Network
-    profile = load_profile()
+    profile = _load_profile(args)
     return profile, Network.from_profile(
         profile, alpha=args.alpha, beta=args.beta, gamma=args.gamma,
         ports=getattr(args, "ports", None), ranks_per_node=getattr(args, "ranks_per_node", None),
@@ -116,30 +116,66 @@ def _network(args):
         nic_ports=getattr(args, "nic_ports", None))
 
 
-def _is_root() -> bool:
-    """Print on rank 0 only when launched under mpiexec (mpi4py may not even be initialised)."""
-    import os
-    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        if os.environ.get(var) not in (None, "", "0"):
-            return False
-    return True
+def _itemsize(dtype) -> int:
+    from ..benchmark.harness import parse_dtype
+    return parse_dtype(dtype).itemsize
+
+
+def _check_model(args, parser) -> None:
+    """Shared checks of analyze, simulate, explain and draw (names, dtype, profile)."""
+    if getattr(args, "profile", None) and not os.path.exists(args.profile):
+        parser.error(f"argument --profile: no file {args.profile!r}")
+    if getattr(args, "dtype", None):
+        try:
+            itemsize = _itemsize(args.dtype)
+        except TypeError as exc:
+            parser.error(f"argument -d/--dtype: {exc}")
+        sizes = getattr(args, "sizes", None) or ([args.size] if getattr(args, "size", None)
+                                                 else [])
+        uneven = [s for s in sizes if s % itemsize]
+        if uneven:
+            parser.error(f"argument -s/--sizes: {uneven[0]} bytes is not a whole number of "
+                         f"{args.dtype} elements ({itemsize} bytes each)")
+    names = getattr(args, "algorithms", None) or (
+        [args.algorithm] if getattr(args, "algorithm", None) else None)
+    if names and getattr(args, "schedules_only", False):
+        from .metrics import analyzable
+        bad = [a for a in names if a not in analyzable()]
+        if bad:
+            parser.error(f"argument -a: {', '.join(bad)} has no schedule; choose from "
+                         f"{', '.join(analyzable())}")
 
 
 # --- analyze -------------------------------------------------------------------
 
 def _analyze(args) -> int:
     from .metrics import KEYS, analyzable, analyze
-    if not _is_root():
+    if not is_root():
         return 0
     profile, net = _network(args)
-    names = _algorithms(args.algorithms) or analyzable()
-    opts = _options(args.option)
-    rows = [analyze(name, args.ranks, args.bytes, itemsize=_itemsize(args.dtype), profile=profile,
-                    network=net, options=opts) for name in names]
-    print(format_rows(rows, KEYS, args.format))
-    if args.format == "table":
-        print(f"# alpha={net.alpha:.3g}s beta={net.beta:.3g}s/B gamma={net.gamma:.3g}s/B "
-              f"({profile.model_source}); rounds = critical path in communication steps")
+    names = args.algorithms or analyzable()
+    opts = options(args)
+    itemsize = _itemsize(args.dtype)
+    blocks = []
+    for p in args.ranks:
+        for nbytes in args.sizes:
+            blocks.append((p, nbytes, [analyze(name, p, nbytes, itemsize=itemsize,
+                                               profile=profile, network=net, options=opts)
+                                       for name in names]))
+    if args.format != "table":
+        print(format_rows([r for _, _, rows in blocks for r in rows], KEYS, args.format))
+        return 0
+    for i, (p, nbytes, rows) in enumerate(blocks):
+        shown = ", ".join(f"{k}={v}" for k, v in opts.items())
+        print(("\n" if i else "") + f"# p = {p} ranks, n = {_bytes(nbytes)} bytes "
+              f"({nbytes // itemsize} x {args.dtype}){'; ' + shown if shown else ''}")
+        print(format_analysis(rows))
+    print("# volumes in multiples of the message size n (raw bytes: --format json or csv)")
+    print("# rounds: the critical path in steps; max/rank: the most bytes one rank sends")
+    print("# fan-in, in/round: the most senders to one rank, and bytes into it, in one round")
+    print("# simulated: the cost simulator; formula: the closed form")
+    print(f"# model: alpha={net.alpha:.3g}s beta={net.beta:.3g}s/B gamma={net.gamma:.3g}s/B "
+          f"({profile.model_source})")
     return 0
 
 
@@ -150,20 +186,15 @@ def _simulate(args) -> int:
 
     from .metrics import analyzable
     from .sweep import SWEEP_KEYS, sweep
-    if not _is_root():
+    if not is_root():
         return 0
     profile, net = _network(args)
-    names = _algorithms(args.algorithms) or analyzable()
-    try:
-        ranks = parse_list(args.ranks, int)
-        sizes = parse_list(args.bytes, parse_size)
-    except (ValueError, argparse.ArgumentTypeError) as exc:
-        raise SystemExit(f"mlcomm simulate: {exc}")
-    total = len(names) * len(ranks) * len(sizes)
-    with tqdm(total=total, desc="simulate", disable=args.no_progress or total < 8,
+    names = args.algorithms or analyzable()
+    total = len(names) * len(args.ranks) * len(args.sizes)
+    with tqdm(total=total, desc="simulate", disable=not show_progress(args) or total < 8,
               file=sys.stderr, leave=False) as bar:
-        rows = sweep(names, ranks, sizes, network=net, itemsize=_itemsize(args.dtype),
-                     options=_options(args.option), limit=args.sim_limit,
+        rows = sweep(names, args.ranks, args.sizes, network=net, itemsize=_itemsize(args.dtype),
+                     options=options(args), limit=args.sim_limit,
                      seconds=args.sim_seconds, progress=bar)
     print(format_rows(rows, SWEEP_KEYS, args.format))
     formula = sorted({(r["algorithm"], r["ranks"]) for r in rows if r["source"] == "formula"})
@@ -191,45 +222,51 @@ def _simulate(args) -> int:
 
 def _explain(args) -> int:
     from ..select import explain
-    if not _is_root():
+    if not is_root():
         return 0
-    candidates = _algorithms(args.algorithms)
-    choice, times, profile = explain(args.ranks, args.bytes, dtype=args.dtype, op=args.op,
-                                     candidates=candidates)
-    gamma = profile.gamma_for(args.dtype, args.op)
-    kernel = ", ".join(str(x) for x in (args.dtype, args.op) if x) or "any dtype and op"
-    print(f"all-reduce of {args.bytes} bytes ({kernel}) on {args.ranks} ranks")
-    print(f"profile: {profile.model_source}: alpha={profile.alpha:.3g}s beta={profile.beta:.3g}s/B "
-          f"({1 / profile.beta / 1e9 if profile.beta else float('inf'):.2f} GB/s) "
-          f"gamma={gamma:.3g}s/B")
-    best = times[choice]
-    print(f"{'algorithm':28s} {'predicted':>12s} {'vs best':>8s}")
-    for name, t in sorted(times.items(), key=lambda kv: kv[1]):
-        mark = "  <- auto" if name == choice else ""
-        ratio = t / best if best > 0 else float("nan")
-        print(f"{name:28s} {_seconds(t):>12s} {ratio:7.2f}x{mark}")
-    if profile.tuned_choice(args.ranks, args.bytes) == choice:
-        print(f"auto chooses {choice}: measured fastest for {args.ranks} ranks at the nearest "
-              f"tuned size (mlcomm tune), whatever the model predicts")
-    else:
-        print(f"auto chooses {choice}: least predicted time (alpha-beta-gamma closed form + "
-              f"per-step and per-op overhead and copies)")
+    profile = _load_profile(args)
+    itemsize = _itemsize(args.dtype) if args.dtype else 4
+    for i, nbytes in enumerate(args.sizes):
+        choice, times, profile = explain(args.ranks, nbytes, profile=profile, dtype=args.dtype,
+                                         op=args.op, candidates=args.algorithms,
+                                         itemsize=itemsize)
+        gamma = profile.gamma_for(args.dtype, args.op)
+        kernel = " ".join(str(x) for x in (args.dtype, args.op) if x) or "any dtype and op"
+        print(("\n" if i else "") + f"all-reduce of {_bytes(nbytes)} bytes ({kernel}) "
+              f"on {args.ranks} ranks")
+        print(f"profile: {profile.model_source}: alpha={profile.alpha:.3g}s "
+              f"beta={profile.beta:.3g}s/B "
+              f"({1 / profile.beta / 1e9 if profile.beta else float('inf'):.2f} GB/s) "
+              f"gamma={gamma:.3g}s/B")
+        fastest = min(times.values())
+        cells = []
+        for name, t in sorted(times.items(), key=lambda kv: kv[1]):
+            ratio = t / fastest if fastest > 0 else float("nan")
+            cells.append([name, _seconds(t), f"{ratio:.2f}x",
+                          "<- auto" if name == choice else ""])
+        print("\n".join(_align(["algorithm", "predicted", "vs fastest", ""], cells)))
+        if profile.tuned_choice(args.ranks, nbytes) == choice:
+            print(f"auto chooses {choice}: measured fastest for {args.ranks} ranks at the "
+                  f"nearest tuned size (mlcomm tune), whatever the model predicts")
+        else:
+            print(f"auto chooses {choice}: least predicted time (alpha-beta-gamma closed form "
+                  f"+ per-step and per-op overhead and copies)")
     return 0
 
 
 # --- draw ----------------------------------------------------------------------
 
 def _draw(args) -> int:
-    from ..algorithms import build_schedules, resolve
+    from ..algorithms import build_schedules
     from .draw import draw_schedule
     from .metrics import count_for
-    if not _is_root():
+    if not is_root():
         return 0
-    name = resolve(args.algorithm)
+    name = args.algorithm
     itemsize = _itemsize(args.dtype)
-    count = count_for(args.bytes, itemsize) if args.bytes is not None else args.ranks
-    scheds = build_schedules(name, args.ranks, count, itemsize, **_options(args.option))
-    out = args.out or f"{name}_p{args.ranks}.png"
+    count = count_for(args.size, itemsize) if args.size is not None else args.ranks
+    scheds = build_schedules(name, args.ranks, count, itemsize, **options(args))
+    out = args.output or f"{name}_p{args.ranks}.png"
     title = f"{name} all-reduce, p={args.ranks}, {count} elements"
     draw_schedule(scheds, out, title=title)
     print(f"wrote {out}")
@@ -243,11 +280,9 @@ def _calibrate(args) -> int:
 
     from .calibrate import GAMMA_DTYPES, GAMMA_OPS, calibrate
     comm = MPI.COMM_WORLD
-    prof = calibrate(comm, sizes=parse_list(args.sizes, parse_size) if args.sizes else None,
-                     quick=args.quick, gamma_bytes=args.gamma_bytes,
-                     dtypes=args.dtypes.split(",") if args.dtypes else GAMMA_DTYPES,
-                     ops=args.ops.split(",") if args.ops else GAMMA_OPS,
-                     path=args.output, write=not args.dry_run)
+    prof = calibrate(comm, sizes=args.sizes, quick=args.quick, gamma_bytes=args.gamma_bytes,
+                     dtypes=args.dtype.split(",") if args.dtype else GAMMA_DTYPES,
+                     ops=args.op or GAMMA_OPS, path=args.profile, write=not args.dry_run)
     if prof is None:
         return 0
     print(f"ping-pong rank 0 <-> 1 ({comm.Get_size()} ranks, {prof.meta['mpi']})")
@@ -271,6 +306,7 @@ def _calibrate(args) -> int:
 
 def _model_args(p, cluster: bool) -> None:
     g = p.add_argument_group("cost model (defaults: the profile, see `mlcomm calibrate`)")
+    add_profile(g)
     g.add_argument("--alpha", type=float, default=None, help="latency per message, seconds")
     g.add_argument("--beta", type=float, default=None, help="seconds per byte on a link")
     g.add_argument("--gamma", type=float, default=None, help="seconds per reduced byte")
@@ -289,31 +325,36 @@ def _model_args(p, cluster: bool) -> None:
                             "(default 1; 0 = unlimited)")
 
 
-def _common(p) -> None:
-    p.add_argument("-a", "--algorithms", default=None, metavar="A,B,...",
-                   help="algorithms (default: every one with a schedule)")
-    p.add_argument("--dtype", default="float64", help="element type (sets the element size)")
-    p.add_argument("-o", "--option", action="append", metavar="KEY=VALUE",
-                   help="algorithm option, e.g. servers=2 or chunk_bytes=65536 (repeatable)")
-    p.add_argument("--format", choices=["table", "json", "csv"], default="table")
+def _schedule_args(p) -> None:
+    """The flags of the commands that build schedules: -a, -d, --option."""
+    add_algorithms(p, "algorithms, comma-separated (default: every one with a schedule)")
+    add_dtype(p, "float64", "element type; sets the element size (default %(default)s)")
+    add_option(p)
 
 
 def register(subparsers) -> None:
     """Add the analysis commands."""
     from .sweep import SIM_LIMIT, SIM_SECONDS
     fmt = argparse.RawDescriptionHelpFormatter
+    check = lambda p: (lambda args: _check_model(args, p))
+
     p = subparsers.add_parser(
         "analyze", help="rounds, volumes, fan-in and cost of each algorithm's schedule",
-        description="Build every rank's schedule and derive the lecture notes' cost-table "
-                    "numbers from it: rounds on the critical path, bytes sent (total and per "
-                    "rank), bytes received per rank, fan-in and bytes in per round, the simulated "
-                    "time and the closed-form time. No MPI job needed.",
-        epilog="example:\n  mlcomm analyze --ranks 8 --bytes 1M --format json", formatter_class=fmt)
-    p.add_argument("-p", "--ranks", type=int, required=True)
-    p.add_argument("-n", "--bytes", type=parse_size, required=True, help="message size, e.g. 1M")
-    _common(p)
+        description="Build every rank's schedule and derive the lecture notes' cost table "
+                    "from it: rounds on the critical path, bytes sent in total and by the "
+                    "busiest rank, fan-in and bytes in per round (as multiples of the "
+                    "message size n), the simulated time and the closed-form time. "
+                    "No MPI job needed.",
+        epilog="examples:\n  mlcomm analyze -p 8 -s 1M\n"
+               "  mlcomm analyze -p 4,8 -s 64K,1M -a ring,rd --format json", formatter_class=fmt)
+    p.add_argument("-p", "--ranks", type=rank_list, required=True, metavar="P[,P2,...]",
+                   help="rank counts, e.g. 8 or 4,8")
+    add_sizes(p, required=True)
+    _schedule_args(p)
+    add_format(p, help="table: the notes' notation (volumes in n); json, csv: raw bytes "
+                       "(default %(default)s)")
     _model_args(p, cluster=False)
-    p.set_defaults(func=_analyze)
+    p.set_defaults(func=_analyze, validate=check(p), schedules_only=True)
 
     p = subparsers.add_parser(
         "simulate", help="predicted time vs ranks and bytes (cost simulator)",
@@ -321,12 +362,14 @@ def register(subparsers) -> None:
                     "bytes*beta per message, gamma per reduced byte, port and two-level "
                     "models). Schedules bigger than --sim-limit use the closed form instead; "
                     "the `source` column says which.",
-        epilog="examples:\n  mlcomm simulate --ranks 2,4,8,...,4096 --bytes 8 --plot latency.png\n"
-               "  mlcomm simulate --ranks 16,64 --bytes 8,64K,16M --ranks-per-node 8 "
+        epilog="examples:\n  mlcomm simulate -p 2,4,8,...,4096 -s 8 --plot latency.png\n"
+               "  mlcomm simulate -p 16,64 -s 8,64K,16M --ranks-per-node 8 "
                "--inter-alpha 5e-6 --inter-beta 1e-10", formatter_class=fmt)
-    p.add_argument("-p", "--ranks", required=True, help="rank counts: 2,4,8 or 2,4,...,4096")
-    p.add_argument("-n", "--bytes", required=True, help="sizes: 8,64K,16M or 8,64,...,16M")
-    _common(p)
+    p.add_argument("-p", "--ranks", type=rank_list, required=True, metavar="P1,P2,...",
+                   help="rank counts: 2,4,8 or 2,4,...,4096")
+    add_sizes(p, required=True)
+    _schedule_args(p)
+    add_format(p)
     _model_args(p, cluster=True)
     p.add_argument("--sim-limit", type=int, default=SIM_LIMIT,
                    help="simulate while p x (steps + transfers of one rank) is at most this "
@@ -337,49 +380,55 @@ def register(subparsers) -> None:
     p.add_argument("--plot", metavar="FILE.png", default=None,
                    help="draw time vs ranks (one panel per size) and time vs bytes")
     p.add_argument("--title", default=None, help="plot title")
-    p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(func=_simulate)
+    add_progress(p)
+    p.set_defaults(func=_simulate, validate=check(p), schedules_only=True)
 
     p = subparsers.add_parser(
         "explain", help="every candidate's predicted time and what `auto` picks",
-        description="Evaluate each all-reduce algorithm's closed-form cost with the calibrated "
-                    "profile (or the built-in defaults) and show what algorithm='auto' chooses.")
-    p.add_argument("-p", "--ranks", type=int, required=True)
-    p.add_argument("-n", "--bytes", type=parse_size, required=True)
-    p.add_argument("--dtype", default=None, help="pick gamma for this dtype (default: profile's)")
-    p.add_argument("--op", default=None, help="pick gamma for this op")
-    p.add_argument("-a", "--algorithms", default=None, metavar="A,B,...",
-                   help="candidates (default: every algorithm with a schedule)")
-    p.set_defaults(func=_explain)
+        description="Evaluate each all-reduce algorithm's closed-form cost with the profile "
+                    "(calibrated, or the built-in defaults), each against the fastest "
+                    "prediction, and show what algorithm='auto' chooses: the fastest "
+                    "prediction, or the measured choice where `mlcomm tune` decided.",
+        epilog="example:\n  mlcomm explain -p 64 -s 8,16M -d float32 -o sum", formatter_class=fmt)
+    p.add_argument("-p", "--ranks", type=positive_int, required=True)
+    add_sizes(p, required=True)
+    add_dtype(p, None, "pick gamma and the element size for this dtype (default: the "
+                       "profile's gamma, 4-byte elements)")
+    add_op(p, None, "pick gamma for this op")
+    add_algorithms(p, "candidates, comma-separated (default: every algorithm with a schedule)")
+    add_profile(p)
+    p.set_defaults(func=_explain, validate=check(p))
 
     p = subparsers.add_parser(
         "draw", help="draw a schedule round by round (PNG)",
         description="Draw the schedule as the slides do: ranks as rows, rounds as columns, "
                     "chunks as coloured boxes (whose contributions they sum), arrows for the "
                     "messages of each round.",
-        epilog="example:\n  mlcomm draw --algorithm ring --ranks 4 --out ring.png", formatter_class=fmt)
-    p.add_argument("--algorithm", required=True)
-    p.add_argument("-p", "--ranks", type=int, required=True)
-    p.add_argument("-n", "--bytes", type=parse_size, default=None,
-                   help="vector size (default: one element per rank)")
-    p.add_argument("--dtype", default="float64")
-    p.add_argument("-o", "--option", action="append", metavar="KEY=VALUE")
-    p.add_argument("--out", default=None, help="output file (default ALGORITHM_pP.png)")
-    p.set_defaults(func=_draw)
+        epilog="example:\n  mlcomm draw -a ring -p 4 --output ring.png", formatter_class=fmt)
+    p.add_argument("-a", "--algorithm", type=algorithm, required=True, metavar="NAME",
+                   help="the algorithm to draw")
+    p.add_argument("-p", "--ranks", type=positive_int, required=True)
+    p.add_argument("-s", "--size", type=size, default=None, metavar="SIZE",
+                   help="message size in bytes (default: one element per rank)")
+    add_dtype(p, "float64", "element type; sets the element size (default %(default)s)")
+    add_option(p)
+    add_output(p, "the PNG to write (default ALGORITHM_pP.png)")
+    p.set_defaults(func=_draw, validate=check(p), schedules_only=True)
 
     p = subparsers.add_parser(
         "calibrate", help="measure alpha, beta, gamma and write the profile (mpiexec -n 2+)",
         description="Ping-pong between ranks 0 and 1 over sizes, least-squares fit of alpha and "
                     "beta; time the reduction kernels for gamma per backend, dtype and op. "
-                    "Rank 0 writes the profile to $MLCOMM_PROFILE or ~/.cache/mlcomm/profile.json.",
-        epilog="example:\n  mpiexec -n 2 mlcomm calibrate", formatter_class=fmt)
-    p.add_argument("--quick", action="store_true", help="fewer sizes and iterations (seconds)")
-    p.add_argument("--sizes", default=None, help="ping-pong sizes, e.g. 8,64,...,16M")
-    p.add_argument("--gamma-bytes", type=parse_size, default=None,
+                    "Rank 0 writes the profile to --profile, $MLCOMM_PROFILE or "
+                    "~/.cache/mlcomm/profile.json.",
+        epilog="example:\n  mpiexec -n 2 mlcomm calibrate --quick", formatter_class=fmt)
+    add_quick(p, "fewer sizes and iterations (seconds)")
+    add_sizes(p, help="ping-pong sizes, e.g. 8,64,...,16M")
+    p.add_argument("--gamma-bytes", type=size, default=None,
                    help="array size for the kernel timings (default 4M, 1M with --quick)")
-    p.add_argument("--dtypes", default=None, help="dtypes for gamma (default: a common set)")
-    p.add_argument("--ops", default=None, help="ops for gamma (default sum,prod,min,max)")
-    p.add_argument("--output", default=None, help="profile path (default: $MLCOMM_PROFILE or "
-                                                  "~/.cache/mlcomm/profile.json)")
+    add_dtype(p, None, "dtypes for gamma, comma-separated (default: a common set)")
+    add_op(p, None, "ops for gamma, comma-separated (default sum,prod,min,max)", type=op_list)
+    add_profile(p, "the profile to write (default $MLCOMM_PROFILE or "
+                   "~/.cache/mlcomm/profile.json)")
     p.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
     p.set_defaults(func=_calibrate)

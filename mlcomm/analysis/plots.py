@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..benchmark.harness import format_size
+
 __all__ = ["plot_sweep"]
 
 _STYLE = {
@@ -10,13 +12,6 @@ _STYLE = {
     "double_binary_tree": ("tab:green", "-"), "recursive_doubling": ("tab:blue", "-"),
     "recursive_halving_doubling": ("tab:purple", "--"),
 }
-
-
-def _size(n: int) -> str:
-    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift}{unit}"
-    return str(n)
 
 
 def plot_sweep(rows, path, title: str | None = None) -> None:
@@ -67,7 +62,7 @@ def plot_sweep(rows, path, title: str | None = None) -> None:
         ax.set_ylabel("predicted time (us)")
         if axis == "ranks":
             ax.set_xlabel("ranks")
-            ax.set_title(f"allreduce {_size(fixed)} bytes: latency vs ranks", fontsize=10)
+            ax.set_title(f"allreduce {format_size(fixed)} bytes: latency vs ranks", fontsize=10)
         else:
             ax.set_xlabel("bytes")
             ax.set_title(f"allreduce on {fixed} ranks: time vs bytes", fontsize=10)

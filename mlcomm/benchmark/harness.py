@@ -23,15 +23,17 @@ from . import rss as _rss
 __all__ = [
     "RECORD_KEYS", "EXTRA_KEYS", "BenchConfig",
     "parse_size", "format_size", "size_list", "parse_dtype", "default_iters",
-    "resolve_algorithms", "run_bench", "interleaved", "peak_rss_mib",
+    "resolve_algorithms", "run_bench", "interleaved", "peak_rss_mib", "corrupt",
+    "baseline_label",
 ]
 
-#: The keys every JSON record carries (issue 4), in column order.
+#: The keys every JSON record carries, in column order.
 RECORD_KEYS = ("algorithm", "ranks", "bytes", "count", "dtype", "op", "in_place",
                "time_us_avg", "time_us_min", "time_us_max", "algbw_gbps", "busbw_gbps",
                "ratio_to_mpi", "wrong")
-#: Extra keys: timed calls, interleaved rounds, device, peak resident memory (max over ranks).
-EXTRA_KEYS = ("iters", "rounds", "device", "peak_rss_mib")
+#: Extra keys: timed calls, interleaved rounds, device, peak resident memory (max over ranks),
+#: and what the ``mpi`` baseline timed (see :func:`baseline_label`).
+EXTRA_KEYS = ("iters", "rounds", "device", "peak_rss_mib", "baseline")
 
 BASELINE = "mpi"
 OPS = ("sum", "prod", "min", "max", "avg", "band", "bor", "bxor", "land", "lor")
@@ -98,18 +100,17 @@ def peak_rss_mib() -> float:
 
 
 def resolve_algorithms(spec) -> list[str]:
-    """Return the algorithm names to run: ``mpi`` first, then ``spec`` (``all`` or ``A,B``)."""
-    from mlcomm.algorithms import ALGORITHMS
-    known = [n for n, a in ALGORITHMS.items()
-             if getattr(a, "collective", "allreduce") == "allreduce"]
+    """Return the algorithm names to run: ``mpi`` first, then ``spec``.
+
+    ``spec`` is ``all`` (or None), ``"A,B"`` or a list of names; aliases are resolved and
+    an unknown name is a ValueError naming the known ones.
+    """
+    from ..algorithms import COLLECTIVES, resolve
     if spec in (None, "", "all"):
-        names = [n for n in known if n != BASELINE]
+        names = [n for n in COLLECTIVES["allreduce"] if n != BASELINE]
     else:
-        names = [s.strip() for s in str(spec).split(",") if s.strip()]
-        unknown = [n for n in names if n not in known]
-        if unknown:
-            raise ValueError(f"unknown algorithm(s) {', '.join(unknown)}; "
-                             f"known: {', '.join(known)}")
+        items = spec.split(",") if isinstance(spec, str) else spec
+        names = [resolve(s.strip()) for s in items if s.strip()]
     return [BASELINE] + [n for n in dict.fromkeys(names) if n != BASELINE]
 
 
@@ -198,17 +199,17 @@ def _count_wrong(result, ref, dtype, op) -> int:
     return int(np.count_nonzero(np.asarray(result) != np.asarray(ref)))
 
 
-def _corrupt(result_host):
-    """Flip element 0 of ``result_host`` so that any check must see it."""
-    if result_host.size == 0:
+def corrupt(result):
+    """Change element 0 of host array ``result`` so that any check must see it (a test hook)."""
+    if result.size == 0:
         return
-    x = result_host[:1]
+    x = result.reshape(-1)[:1]
     if x.dtype.kind == "b":
         x[...] = ~x
     elif x.dtype.kind in "iu":
         x ^= 1
     else:
-        x[...] = (np.abs(x.astype(np.float64)) + 1) * 3
+        x[...] = (np.abs(x) + 1) * 3
 
 
 # --------------------------------------------------------------------------- device
@@ -275,15 +276,30 @@ def _mpi_plan(dtype, op):
     the baseline times ``MPI_Allreduce`` on the same bytes viewed as an
     unsigned type of the same width (``exact`` False): a timing reference
     whose result is not used; the check then uses a locally computed result.
+    :func:`baseline_label` says so in words.
     """
     from mpi4py import MPI
     mop = getattr(MPI, _MPI_OPS[op])
-    native = dtype.kind in "iu" or (dtype.kind == "f" and dtype.itemsize >= 4) or dtype.kind == "b"
-    if dtype.kind == "f" and op in ("band", "bor", "bxor"):
-        native = False
+    native = dtype.kind in "iub" or (dtype.kind in "fc" and dtype.itemsize >= 4
+                                     and op not in ("band", "bor", "bxor"))
     if native:
         return dtype, mop, op != "avg"
     return np.dtype(f"u{dtype.itemsize}"), mop, False
+
+
+def baseline_label(dtype, op) -> str:
+    """What the ``mpi`` baseline times for ``dtype`` and ``op``, in words."""
+    dtype = np.dtype(dtype)
+    mdtype, _, exact = _mpi_plan(dtype, op)
+    call = f"MPI_Allreduce({mdtype}, MPI_{_MPI_OPS[op]})"
+    if exact:
+        return call
+    if mdtype == dtype:
+        return f"{call}: a sum without the division (MPI has no average)"
+    if op in ("band", "bor", "bxor"):
+        return f"{call} on the {dtype} bytes (MPI has no bitwise op on {dtype})"
+    return (f"{call} on the {dtype} bytes: an integer {_MPI_OPS[op].lower()} of their bit "
+            f"patterns timed as a stand-in, not a {dtype} {op} (MPI cannot reduce {dtype})")
 
 
 def _view(a, dtype):
@@ -306,10 +322,10 @@ def _corrupt_target(spec, algorithms):
 def _timed_call(alg, comm, dev, send, recv, in_place, op, mdtype, mop, staged, hosts):
     """The call being timed, bound once: ``mpi`` (MPI_Allreduce) or an mlcomm algorithm."""
     from mpi4py import MPI
-    import mlcomm
+
+    from ..api import allreduce
 
     if alg != BASELINE:
-        allreduce = mlcomm.allreduce
         if in_place:
             return lambda: allreduce(MPI.IN_PLACE, recv, op, comm=comm, algorithm=alg)
         return lambda: allreduce(send, recv, op, comm=comm, algorithm=alg)
@@ -374,20 +390,18 @@ def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
     block (Google Benchmark's random interleaving, for the same reason).
     """
     from mpi4py import MPI
-    import mlcomm
+
+    from ..kernels import check_op
 
     comm = MPI.COMM_WORLD if comm is None else comm
     rank, size = comm.Get_rank(), comm.Get_size()
     dev = _Cuda(comm) if cfg.device == "cuda" else _Host()
     dtype, op = cfg.dtype, cfg.op
-    check_op = getattr(getattr(mlcomm, "kernels", None), "check_op", None)
-    if check_op is not None:
-        check_op(dtype, op)
+    check_op(dtype, op)
     mdtype, mop, exact = _mpi_plan(dtype, op)
+    baseline = baseline_label(dtype, op)
     staged = dev.name == "cuda" and not dev.aware
     corrupt_alg = _corrupt_target(cfg.corrupt, cfg.algorithms)
-    if getattr(mlcomm, "allreduce", None) is None and any(a != BASELINE for a in cfg.algorithms):
-        raise RuntimeError("mlcomm.allreduce is not available in this install")
 
     bar = None
     total = len(cfg.sizes) * len(cfg.placements)
@@ -431,7 +445,7 @@ def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
                     if alg != BASELINE or exact:
                         res = np.array(dev.to_host(recv), copy=True)
                         if alg == corrupt_alg and rank == size - 1:
-                            _corrupt(res)
+                            corrupt(res)
                         wrongs[alg] = comm.allreduce(_count_wrong(res, ref, dtype, op),
                                                      op=MPI.SUM)
                     else:  # a timing proxy (see _mpi_plan): nothing to check
@@ -458,7 +472,7 @@ def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
                     "busbw_gbps": algbw * 2 * (size - 1) / size,
                     "ratio_to_mpi": None, "wrong": wrongs[alg],
                     "iters": per_round * rounds, "rounds": rounds, "device": dev.name,
-                    "peak_rss_mib": round(peaks[alg], 1),
+                    "peak_rss_mib": round(peaks[alg], 1), "baseline": baseline,
                 })
             base = times.get(BASELINE)
             for rec in records[-len(times):]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from .harness import format_size
+
 __all__ = ["plot_sweep", "plot_vs_ranks", "model_times"]
 
 _BASELINE = "mpi"
@@ -38,40 +40,24 @@ def _pick_placement(records):
 def model_times(algorithms, ranks, sizes, dtype="float32", op="sum"):
     """Return ``{alg: [predicted seconds per size]}`` from a calibrated profile, or None.
 
-    Uses ``mlcomm.profile`` (the calibrated alpha/beta/gamma) only when it is
-    importable and a calibrated profile exists; never built-in defaults.
+    Only a calibrated profile (``mlcomm calibrate``) draws a model; built-in defaults
+    or an unreadable profile draw none.
     """
+    from ..algorithms import ALGORITHMS
+    from ..profile import load_profile
     try:
-        from mlcomm import profile as prof_mod
-        from mlcomm.algorithms import ALGORITHMS
-    except ImportError:
-        return None
-    load = getattr(prof_mod, "load_profile", None)
-    if load is None:
-        return None
-    try:
-        prof = load()
+        prof = load_profile()
     except (OSError, ValueError):
         return None
-    if prof is None or not prof.calibrated:
-        return None                      # not calibrated: draw no model
-    alpha, beta, gamma = prof.alpha, prof.beta, prof.gamma
-    gamma_for = getattr(prof, "gamma_for", None)
-    if callable(gamma_for):
-        try:
-            gamma = gamma_for(dtype, op)
-        except Exception:
-            pass
+    if not prof.calibrated:
+        return None
+    alpha, beta, gamma = prof.alpha, prof.beta, prof.gamma_for(dtype, op)
     out = {}
     for alg in algorithms:
-        a = ALGORITHMS.get(alg)
-        cost = getattr(a, "cost", None)
-        if cost is None or alg in (_BASELINE, "auto"):
+        if alg in (_BASELINE, "auto") or alg not in ALGORITHMS:
             continue
-        try:
-            out[alg] = [cost(ranks, n, float(alpha), float(beta), float(gamma)) for n in sizes]
-        except Exception:
-            continue
+        cost = ALGORITHMS[alg].cost
+        out[alg] = [cost(ranks, n, float(alpha), float(beta), float(gamma)) for n in sizes]
     return out or None
 
 
@@ -101,7 +87,7 @@ def plot_sweep(records, path, *, title=None, model=True):
     from matplotlib.ticker import FuncFormatter
     for ax in (ax_t, ax_b):
         ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _short(x)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: format_size(int(round(x)))))
         ax.set_xlabel("message size (bytes)")
         ax.grid(True, which="both", alpha=0.3)
     ax_t.set_yscale("log")
@@ -162,10 +148,3 @@ def _fmt(n):
             return f"{n >> k} {unit}"
     return f"{n} B" if not math.isnan(n) else "?"
 
-
-def _short(x):
-    n = int(round(x))
-    for unit, k in (("G", 30), ("M", 20), ("K", 10)):
-        if n >= 1 << k and n % (1 << k) == 0:
-            return f"{n >> k}{unit}"
-    return str(n)

@@ -58,6 +58,8 @@ def format_table(records, *, header: str | None = None, summary: bool = True) ->
         out.append(header or (
             f"# mlcomm bench: allreduce  ranks {r0['ranks']}  dtype {r0['dtype']}  op {r0['op']}  "
             f"device {r0.get('device', 'cpu')}  check {'on' if checked else 'off'}"))
+        if r0.get("baseline"):
+            out.append(f"# baseline: mpi = {r0['baseline']}")
         out.append("# time per call, per rank, reduced over ranks; algbw = bytes/avg; "
                    "busbw = algbw*2(p-1)/p; ratio = avg / mpi avg")
     out.append("#" + " ".join(f"{h:>{w}}" if i != 3 else f"{h:<{w}}"
@@ -74,7 +76,7 @@ def format_table(records, *, header: str | None = None, summary: bool = True) ->
 
 
 def format_csv(records) -> str:
-    """Return ``records`` as CSV with a header row (issue keys, then extras)."""
+    """Return ``records`` as CSV with a header row (RECORD_KEYS, then EXTRA_KEYS)."""
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(RECORD_KEYS) + list(EXTRA_KEYS),
                        extrasaction="ignore", lineterminator="\n")
@@ -140,7 +142,7 @@ def format_kernels(rows, target: float = 0.8) -> str:
     """Return kernel-bandwidth rows (from ``kernels.bandwidth.measure``) as a text table.
 
     ``threads`` is how many threads really ran the reduction; ``met`` says whether the ratio
-    (over the faster copy) reaches ``target`` (issue 5: 0.8 on large arrays).
+    (over the faster copy) reaches ``target`` (0.8: a reduction within 20 % of a copy).
     """
     if not rows:
         return "# no kernel measurements\n"

@@ -14,15 +14,23 @@ import argparse
 import math
 import statistics
 
-__all__ = ["register", "tune", "fastest", "median_times", "NEAR_TIE"]
+from ..commands import add_profile, add_progress, add_quick, positive_int, show_progress
+from .cli import add_sweep, sweep_sizes
+
+__all__ = ["register", "tune", "fastest", "median_times", "NEAR_TIE", "ROUNDS", "REPEATS",
+           "QUICK_ROUNDS", "QUICK_REPEATS"]
 
 #: the smoothed choice stands while its time at the size is within 5 % of the fastest there
 NEAR_TIE = 1.05
+#: interleaved rounds per size and sweeps, by default and with --quick
+ROUNDS, REPEATS = 9, 3
+QUICK_ROUNDS, QUICK_REPEATS = 3, 1
 
 _EPILOG = """\
 examples:
   mpiexec -n 4 mlcomm tune                  # 8 B .. 16 MiB, float32 sum
-  mpiexec -n 8 mlcomm tune --max-bytes 64M
+  mpiexec -n 2 mlcomm tune --quick          # 5 sizes, 3 rounds, 1 sweep: seconds
+  mpiexec -n 8 mlcomm tune -e 64M
 
 Run it once per rank count you use; each run adds its own table to the profile.
 """
@@ -63,19 +71,20 @@ def median_times(sweeps) -> list:
             for (n, a), t in times.items()]
 
 
-def tune(comm, sizes, *, rounds: int = 9, repeats: int = 3, path=None,
-         progress: bool = False):
+def tune(comm, sizes, *, rounds: int = ROUNDS, repeats: int = REPEATS, path=None,
+         progress: bool = False, quick: bool = False):
     """Time every hand-written all-reduce on ``comm``; rank 0 writes and returns the table.
 
     The sweep runs ``repeats`` times (fresh buffers each time) and each algorithm's
-    median time per size decides.
+    median time per size decides.  ``quick`` times fewer calls per size (as
+    ``mlcomm bench --quick`` does).
     """
     from ..profile import load_profile, save_profile
     from .harness import BenchConfig, resolve_algorithms, run_bench
 
     algorithms = [a for a in resolve_algorithms("all") if a != "auto"]
     config = BenchConfig(algorithms=algorithms, sizes=list(sizes), rounds=rounds, check=True,
-                         progress=progress)
+                         progress=progress, quick=quick)
     sweeps = [run_bench(config, comm) for _ in range(repeats)]
     wrong = {r["algorithm"] for records in sweeps for r in records if r["wrong"]}
     if wrong:
@@ -91,39 +100,43 @@ def tune(comm, sizes, *, rounds: int = 9, repeats: int = 3, path=None,
 
 def register(subparsers):
     """Add the ``tune`` command."""
-    from .cli import positive_int
     p = subparsers.add_parser(
         "tune", help="measure the fastest algorithm per message size for auto (mpiexec)",
         description=__doc__.splitlines()[0].split(": ", 1)[1],
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-b", "--min-bytes", default="8", metavar="SIZE",
-                   help="smallest message (default 8)")
-    p.add_argument("-e", "--max-bytes", default="16M", metavar="SIZE",
-                   help="largest message (default 16M); larger ones take its choice")
-    p.add_argument("-f", "--factor", type=float, default=2.0,
-                   help="multiply the size by this between steps (default 2)")
-    p.add_argument("-r", "--rounds", type=positive_int, default=9,
-                   help="interleaved timing rounds per size (default 9)")
-    p.add_argument("--repeats", type=positive_int, default=3,
-                   help="sweeps to take each algorithm's median time from (default 3)")
-    p.add_argument("--profile", default=None, metavar="FILE",
-                   help="the profile to update (default $MLCOMM_PROFILE or "
-                        "~/.cache/mlcomm/profile.json)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=_run)
+    add_sweep(p, hi="16M (larger messages take its choice)")
+    p.add_argument("-r", "--rounds", type=positive_int, default=None,
+                   help=f"interleaved timing rounds per size (default {ROUNDS}, "
+                        f"{QUICK_ROUNDS} with --quick)")
+    p.add_argument("--repeats", type=positive_int, default=None,
+                   help=f"sweeps to take each algorithm's median time from (default {REPEATS}, "
+                        f"{QUICK_REPEATS} with --quick)")
+    add_quick(p, "the --quick sizes of bench, few rounds, one sweep: seconds at P=2")
+    add_profile(p, "the profile to update (default $MLCOMM_PROFILE or "
+                   "~/.cache/mlcomm/profile.json)")
+    add_progress(p)
+    p.set_defaults(func=_run, validate=lambda args: _validate(args, p))
+
+
+def _validate(args, parser) -> None:
+    try:
+        args.byte_sizes = sweep_sizes(args, 4)
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
 def _run(args) -> int:
     from mpi4py import MPI
 
-    from .harness import parse_size, size_list
     comm = MPI.COMM_WORLD
-    sizes = size_list(parse_size(args.min_bytes), parse_size(args.max_bytes), args.factor, 4)
-    table = tune(comm, sizes, rounds=args.rounds, repeats=args.repeats, path=args.profile,
-                 progress=not args.no_progress)
+    rounds = args.rounds or (QUICK_ROUNDS if args.quick else ROUNDS)
+    repeats = args.repeats or (QUICK_REPEATS if args.quick else REPEATS)
+    table = tune(comm, args.byte_sizes, rounds=rounds, repeats=repeats, path=args.profile,
+                 progress=show_progress(args), quick=args.quick)
     if table is not None:
         from ..profile import default_path
-        print(f"# mlcomm tune: P={comm.Get_size()}, float32 sum, fastest per size")
+        print(f"# mlcomm tune: P={comm.Get_size()}, float32 sum, fastest per size "
+              f"({rounds} rounds, {repeats} sweeps)")
         for nbytes, name in table:
             print(f"{nbytes:>12d}  {name}")
         print(f"# wrote {args.profile or default_path()}")

@@ -33,7 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default=d.dtype, help="float32 or float64")
     g.add_argument("--seed", type=int, default=d.seed)
     g = p.add_argument_group("optimiser")
-    g.add_argument("--steps", type=int, default=d.steps, help="global steps (default %(default)s)")
+    g.add_argument("--steps", type=int, default=d.steps,
+                   help="global steps; async: updates the servers apply (default %(default)s)")
     g.add_argument("--batch-size", type=int, default=d.batch_size, help="per worker")
     g.add_argument("--lr", type=float, default=d.lr, help="learning rate for --base-batch")
     g.add_argument("--base-batch", type=int, default=d.base_batch,
@@ -61,8 +62,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-every", type=int, default=d.eval_every, metavar="N")
     g.add_argument("--checkpoint", default=None, metavar="PATH", help="checkpoint file (.npz)")
     g.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="N",
-                   help="also checkpoint every N steps (always at exit and on SIGTERM)")
-    g.add_argument("--resume", action="store_true", help="continue from --checkpoint if it exists")
+                   help="also checkpoint every N steps (async: N updates); "
+                        "always at exit and on SIGTERM")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from --checkpoint if it exists (on another P it says what "
+                        "changes)")
     g.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bar")
 
@@ -75,21 +79,32 @@ def config_from_args(args):
     return TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
 
 
+def _checker(parser):
+    """The parser's ``validate``: every option against the job's size, as ``train`` checks them."""
+    def check(args):
+        from mpi4py import MPI
+        from .train import validate
+        try:
+            validate(config_from_args(args), MPI.COMM_WORLD.Get_size())
+        except ValueError as exc:
+            parser.error(str(exc))
+    return check
+
+
 def _run(args) -> int:
     from mpi4py import MPI
+    from .checkpoint import CheckpointError
     from .train import train
-    rank = MPI.COMM_WORLD.Get_rank()
     try:
-        cfg = config_from_args(args)
-        result = train(cfg)
-    except ValueError as exc:
-        if rank == 0:
+        result = train(config_from_args(args))
+    except CheckpointError as exc:  # raised alike on every rank: print once, all exit
+        if MPI.COMM_WORLD.Get_rank() == 0:
             print(f"mlcomm train: error: {exc}", file=sys.stderr)
         return 2
-    if rank == 0:
+    if MPI.COMM_WORLD.Get_rank() == 0:
         state = "stopped by SIGTERM at" if result.stopped else "finished"
         print(f"{state} step {result.step}: test accuracy {result.test_accuracy:.4f}, "
-              f"wall {result.wall_s:.2f} s, rank 0 sent {result.bytes_sent} bytes"
+              f"job wall {result.wall_s:.2f} s, rank 0 sent {result.bytes_sent} bytes"
               + (f", checkpoint {result.config.checkpoint}" if result.config.checkpoint else ""))
     return 0
 
@@ -102,4 +117,4 @@ def register(subparsers) -> None:
                     "parameter server) with optional gradient compression. "
                     "Run as: mpiexec -n P mlcomm train [options]")
     add_arguments(p)
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_run, validate=_checker(p))

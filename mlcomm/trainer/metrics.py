@@ -1,4 +1,12 @@
-"""Per-step metrics written as CSV or JSON (chosen by the file's extension)."""
+"""Per-step metrics written as CSV or JSON (chosen by the file's extension).
+
+A row is one step of the logging rank.  Beside loss, accuracy and timings it
+has the exchange columns: ``updates`` (parameter updates applied in the row),
+``samples`` (samples in those updates), ``staleness_mean`` and
+``staleness_max`` (over those updates; 0 for bsp and backup), ``dropped``
+(gradients computed but not applied: backup's late ones, async's beyond
+``--steps``) and ``bytes_sent`` (by the logging rank, as its Wire counted them).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +18,9 @@ import os
 __all__ = ["COLUMNS", "write_metrics", "read_metrics", "plot_runs"]
 
 COLUMNS = ("step", "wall_s", "loss", "test_accuracy", "samples_per_s", "compute_s",
-           "comm_s", "bytes_sent", "lr", "mode")
+           "comm_s", "bytes_sent", "lr", "mode", "updates", "samples", "staleness_mean",
+           "staleness_max", "dropped")
+_INTEGERS = ("step", "bytes_sent", "updates", "samples", "staleness_max", "dropped")
 
 
 def write_metrics(path: str, rows: list[dict], meta: dict | None = None) -> None:
@@ -44,7 +54,7 @@ def read_metrics(path: str) -> list[dict]:
             parsed = {}
             for k, v in row.items():
                 try:
-                    parsed[k] = int(v) if k in ("step", "bytes_sent") else float(v)
+                    parsed[k] = int(v) if k in _INTEGERS else float(v)
                 except ValueError:
                     parsed[k] = v
             out.append(parsed)

@@ -1,79 +1,63 @@
-"""Gradient exchange modes: bsp, ssp, backup workers and an asynchronous parameter server.
+"""Synchronous gradient exchange (bsp, ssp, backup workers) and the base every mode shares.
 
 Every mode works on ``ctx.comm``, a duplicate of the user's communicator, so
-its point-to-point messages never meet the user's.  A mode's ``step(t)`` runs
-one training step on this rank and returns a :class:`StepInfo`.
+its point-to-point messages never meet the user's, and posts every message
+through ``ctx.wire``, which counts the bytes this rank sends.  A mode's
+``step(t)`` runs one training step on this rank and returns a :class:`StepInfo`.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from mpi4py import MPI
-from mpi4py.util.dtlib import from_numpy_dtype
 
-__all__ = ["allreduce", "wire_bytes", "StepInfo", "BSP", "SSP", "Backup", "AsyncPS", "make_mode"]
+__all__ = ["StepInfo", "Mode", "BSP", "SSP", "Backup", "recv_bytes", "pack_header",
+           "unpack_header", "checkpoint_arrays"]
 
-TAG_DELTA, TAG_GRAD, TAG_PARAMS, TAG_DONE, TAG_PULL, TAG_PUSH = 101, 102, 103, 104, 105, 106
-
-
-def allreduce(buf: np.ndarray, comm, algorithm: str) -> np.ndarray:
-    """Sum ``buf`` over ``comm`` in place with mlcomm's ``algorithm``."""
-    try:
-        from mlcomm import allreduce as _allreduce
-    except ImportError:  # the core API is not there: fall back to MPI's own
-        comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)
-        return buf
-    out = _allreduce(MPI.IN_PLACE, buf, "sum", comm=comm, algorithm=algorithm)
-    if out is not None and out is not buf:
-        buf[...] = out
-    return buf
-
-
-_WIRE_CACHE: dict = {}
-
-
-def wire_bytes(algorithm: str, size: int, rank: int, count: int, itemsize: int) -> int:
-    """Return the bytes ``rank`` sends in one all-reduce of ``count`` elements.
-
-    Counted from the algorithm's schedule; for ``mpi``/``auto`` (no schedule of
-    ours, or an ``auto`` choice of ``mpi``) the ring's 2(p-1)/p * n is used as the model.
-    """
-    key = (algorithm, size, rank, count, itemsize)
-    if key not in _WIRE_CACHE:
-        total = None
-        if size > 1:
-            try:
-                from mlcomm.algorithms import ALGORITHMS, resolve
-                name = resolve(algorithm)
-                if name == "auto":
-                    from mlcomm.select import auto_choice
-                    name = auto_choice("allreduce", size, count * itemsize)
-                algo = ALGORITHMS[name]
-                if algo.build is not None:
-                    sched = algo.build(rank, size, count, itemsize)
-                    total = sum(tr.region.count for st in sched.steps for tr in st.transfers
-                                if type(tr).__name__ == "Send") * itemsize
-            except (ImportError, KeyError, ValueError):
-                pass
-            if total is None:
-                total = int(2 * (size - 1) * count * itemsize / size)
-        _WIRE_CACHE[key] = total or 0
-    return _WIRE_CACHE[key]
+TAG_DELTA, TAG_GRAD, TAG_PARAMS = 101, 102, 103
 
 
 @dataclass
 class StepInfo:
+    """One step on one rank.
+
+    ``columns`` are the metrics row's exchange columns on the logging rank:
+    ``updates`` (parameter updates applied), ``samples`` (samples in them),
+    ``staleness_mean``/``staleness_max`` (over those updates) and ``dropped``
+    (gradients computed but not applied).
+    """
+
+    step: int = 0
     loss: float = float("nan")
-    samples: int = 0
+    samples: int = 0                   # in this rank's gradient
     compute_s: float = 0.0
     comm_s: float = 0.0
-    bytes_sent: int = 0
     stop: bool = False
-    step: int = 0
+    computed: bool = True              # False: told to stop instead of computing
+    next_step: int | None = None       # the step this rank runs next (default step + 1)
+    columns: dict = field(default_factory=dict)
+
+
+def pack_header(step, loss, flag, samples):
+    return np.array([step, loss, flag, samples], np.float64).view(np.uint8)
+
+
+def unpack_header(buf):
+    step, loss, flag, samples = buf[:32].view(np.float64)
+    return int(step), float(loss), bool(flag), int(samples)
+
+
+def recv_bytes(comm, source, tag):
+    """Receive one message of unknown size as bytes; return (payload, source)."""
+    st = MPI.Status()
+    comm.Probe(source, tag, st)
+    buf = np.empty(st.Get_count(MPI.BYTE), np.uint8)
+    comm.Recv([buf, MPI.BYTE], st.Get_source(), st.Get_tag())
+    return buf, st.Get_source()
 
 
 def _buckets(tensors, limit_bytes, itemsize, total):
@@ -90,31 +74,30 @@ def _buckets(tensors, limit_bytes, itemsize, total):
     return out
 
 
-def _pack_header(step, loss, flag, samples):
-    return np.array([step, loss, flag, samples], np.float64).view(np.uint8)
+def checkpoint_arrays(params, velocity, rank_states):
+    """The checkpoint's arrays: the shared ones, then each rank's own as ``rank<r>_<name>``."""
+    arrays = {"params": params, "velocity": velocity}
+    for r, state in rank_states:
+        for k, v in state.items():
+            arrays[f"rank{r}_{k}"] = np.asarray(v)
+    return arrays
 
 
-def _unpack_header(buf):
-    step, loss, flag, samples = buf[:32].view(np.float64)
-    return int(step), float(loss), bool(flag), int(samples)
+def _columns(updates, samples, stale_mean=0.0, stale_max=0, dropped=0):
+    return {"updates": updates, "samples": samples, "staleness_mean": stale_mean,
+            "staleness_max": stale_max, "dropped": dropped}
 
 
-def _recv_bytes(comm, source, tag):
-    """Receive one message of unknown size as bytes; return (payload, source)."""
-    st = MPI.Status()
-    comm.Probe(source, tag, st)
-    buf = np.empty(st.Get_count(MPI.BYTE), np.uint8)
-    comm.Recv([buf, MPI.BYTE], st.Get_source(), st.Get_tag())
-    return buf, st.Get_source()
+class Mode:
+    """The base of every mode: one worker rank in a data-parallel job."""
 
-
-class _Mode:
     is_worker = True
-    periodic_checkpoints = True  # checkpoint every N steps (otherwise only at exit)
+    periodic_checkpoints = True  # the training loop checkpoints every N steps
 
     def __init__(self, ctx):
         self.ctx = ctx
         self.comm = ctx.comm
+        self.wire = ctx.wire
         self.rank, self.size = ctx.rank, ctx.size
 
     @property
@@ -122,10 +105,26 @@ class _Mode:
         return 0
 
     def resume_at(self, step):
-        """Continue from ``step`` after a checkpoint was loaded."""
+        """Continue from global ``step`` after a checkpoint was loaded; return this rank's first step."""
+        return step
+
+    def more(self, step):
+        """Whether this rank runs ``step``."""
+        return step < self.ctx.cfg.steps
+
+    def progress(self, step):
+        """Global steps done, for the progress bar, when this rank is about to run ``step``."""
+        return step
 
     def finish(self):
         """Leave identical final parameters on every rank (collective)."""
+
+    def final_step(self, step):
+        """The global step reached, agreed by every rank (collective)."""
+        return step
+
+    def annotate(self, rows):
+        """Complete the logging rank's rows with what only other ranks know (collective)."""
 
     def sync_point(self, step):
         """Reach a consistent cut where a checkpoint may be taken (collective)."""
@@ -136,20 +135,20 @@ class _Mode:
         states = self.comm.gather(c.rank_state(), root=0)
         if self.rank:
             return None
-        arrays = {"params": c.params, "velocity": c.opt.velocity}
-        for r, st in enumerate(states):
-            for k, v in st.items():
-                arrays[f"rank{r}_{k}"] = np.asarray(v)
-        return arrays
+        return checkpoint_arrays(c.params, c.opt.velocity, enumerate(states))
 
     def load_state(self, arrays):
         c = self.ctx
         c.params[...] = arrays["params"]
         c.opt.velocity[...] = arrays["velocity"]
-        c.load_rank_state(arrays, self.rank)
+        self.load_rank_state(arrays)
+
+    def load_rank_state(self, arrays):
+        """Take this rank's own state (keys ``rank<r>_...``), where the checkpoint has it."""
+        self.ctx.load_rank_state(arrays, self.rank)
 
 
-class BSP(_Mode):
+class BSP(Mode):
     """Bulk synchronous: sum of all gradients by all-reduce (or allgather of compressed payloads)."""
 
     def __init__(self, ctx):
@@ -161,23 +160,20 @@ class BSP(_Mode):
         self.buckets[0] = (self.buckets[0][0], n + 2)  # the extras ride in the first bucket sent
         self.algorithm = ctx.cfg.algorithm
         self.comp = ctx.compressor
+        self.half_sum = self.comp.name == "fp16" and self.algorithm != "mpi"
         self.bucket_sums = []
+        if self.size > 1 and self.comp.name == "none":
+            # one persistent in-place sum per bucket, bound to its slice of buf once
+            self.bucket_sums = [self.wire.allreduce_init(self.buf[lo:hi], self.algorithm)
+                                for lo, hi in self.buckets]
         self._warm_up()
 
     def _warm_up(self):
         """Build the all-reduce plans (and compile kernels) before the clock starts."""
-        if self.size == 1:
-            return
-        if self.comp.name == "none":
-            from mlcomm import allreduce_init
-            # one persistent in-place sum per bucket, bound to its slice of buf once
-            self.bucket_sums = [allreduce_init(MPI.IN_PLACE, self.buf[lo:hi], comm=self.comm,
-                                               algorithm=self.algorithm)
-                                for lo, hi in self.buckets]
-            for bucket_sum in self.bucket_sums:  # buf is zeros here: this only loads kernels
-                bucket_sum()
-        elif self.comp.name == "fp16" and self.algorithm != "mpi" and _have_mlcomm():
-            allreduce(np.zeros(self.buf.size, np.float16), self.comm, self.algorithm)
+        for bucket_sum in self.bucket_sums:  # buf is zeros here: this only loads kernels
+            bucket_sum()
+        if self.size > 1 and self.half_sum:
+            self.wire.allreduce(np.zeros(self.buf.size, np.float16), self.algorithm)
 
     def step(self, t):
         c, info = self.ctx, StepInfo(step=t)
@@ -189,25 +185,20 @@ class BSP(_Mode):
             self.buf[-2:] = loss, flag
         elif self.comp.name == "none":
             self.buf[-2], self.buf[-1] = loss, flag
-            for (lo, hi), bucket_sum in zip(self.buckets, self.bucket_sums):
+            for bucket_sum in self.bucket_sums:
                 bucket_sum()
-                info.bytes_sent += wire_bytes(self.algorithm, self.size, self.rank, hi - lo,
-                                              c.dtype.itemsize)
-        elif self.comp.name == "fp16" and self.algorithm != "mpi" and _have_mlcomm():
+        elif self.half_sum:
             half = self.buf.astype(np.float16)
             half[-2:] = 0
-            allreduce(half, self.comm, self.algorithm)
-            info.bytes_sent += wire_bytes(self.algorithm, self.size, self.rank, half.size, 2)
+            self.wire.allreduce(half, self.algorithm)
             self.grad[...] = half[:-2]
-            extras = np.array([loss, flag])
-            self.comm.Allreduce(MPI.IN_PLACE, extras, MPI.SUM)
-            info.bytes_sent += wire_bytes("mpi", self.size, self.rank, 2, 8)
-            self.buf[-2:] = extras
+            self.buf[-2:] = self.wire.mpi_allreduce(np.array([loss, flag]))
         else:
-            info.bytes_sent += self._allgather_exchange(loss, flag)
+            self._allgather_exchange(loss, flag)
         info.comm_s = time.perf_counter() - t0
         info.loss = float(self.buf[-2]) / c.global_batch
         info.stop = bool(self.buf[-1] > 0)
+        info.columns = _columns(1, c.global_batch)
         c.opt.step(c.params, self.grad, c.lr_at(t))
         return info
 
@@ -215,48 +206,44 @@ class BSP(_Mode):
         """Exchange variable-size packed payloads with MPI_Allgatherv; sum them in rank order."""
         payload = self.comp.compress(self.grad)
         head = np.array([payload.size, loss, flag], np.float64)
-        heads = np.empty((self.size, 3), np.float64)
-        self.comm.Allgather(head, heads)
+        heads = self.wire.allgather(head, np.empty((self.size, 3), np.float64))
         counts = heads[:, 0].astype(np.int64)
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
         allbuf = np.empty(int(counts.sum()), np.uint8)
-        self.comm.Allgatherv([payload, MPI.BYTE], [allbuf, counts, displs, MPI.BYTE])
+        self.wire.allgatherv(payload, [allbuf, counts, displs, MPI.BYTE])
         self.grad[...] = 0
         for r in range(self.size):
             self.comp.decompress_add(allbuf[displs[r]:displs[r] + counts[r]], self.grad)
         self.buf[-2] = heads[:, 1].sum()
         self.buf[-1] = heads[:, 2].sum()
-        # a ring allgather forwards every payload to p-1 ranks: on average p-1 copies of ours
-        return (payload.size + head.nbytes) * (self.size - 1)
 
 
-def _have_mlcomm():
-    try:
-        from mlcomm import allreduce  # noqa: F401
-        return True
-    except ImportError:
-        return False
-
-
-class SSP(_Mode):
+class SSP(Mode):
     """Stale synchronous parallel, peer to peer.
 
     Each rank keeps its own momentum, sends its update ``lr * v`` (compressed) to
     every peer and applies every update of clocks <= its own.  Before clock
     ``c`` it must hold every update of clocks <= c - 1 - s, so no rank runs more
     than ``s`` clocks ahead of the slowest; ``s = 0`` is BSP (momentum is linear).
+    The staleness of a rank's update at clock ``c`` is how many clocks behind
+    ``c`` the slowest peer's updates in its parameters are (at most ``s``).
     """
 
     def __init__(self, ctx):
         super().__init__(ctx)
         self.s = ctx.cfg.staleness
         self.grad = np.zeros(ctx.model.size, ctx.dtype)
-        self.received = [0] * self.size    # updates received from each peer (= next clock)
-        self.received[self.rank] = None
         self.pending = {}                  # (clock, source) -> payload, not yet applied
         self.sends = []                    # (request, buffer) in flight
-        self.flags = deque()               # (request, buffer) of stop-flag Iallreduces
-        self.clock = 0
+        self.flags = deque()               # (request, out, in) of stop-flag Iallreduces
+        self.staleness = {}                # clock -> staleness of this rank's update
+        self.resume_at(0)
+
+    def resume_at(self, step):
+        self.clock = step
+        self.received = [None if r == self.rank else step for r in range(self.size)]
+        self.applied = list(self.received)  # updates of each peer in the parameters
+        return step
 
     def _receive(self, block_until=None):
         st = MPI.Status()
@@ -271,7 +258,7 @@ class SSP(_Mode):
                 src = st.Get_source()
             else:
                 src = need
-            payload, src = _recv_bytes(self.comm, src, TAG_DELTA)
+            payload, src = recv_bytes(self.comm, src, TAG_DELTA)
             self.pending[(self.received[src], src)] = payload
             self.received[src] += 1
 
@@ -282,16 +269,19 @@ class SSP(_Mode):
             acc = np.zeros_like(c.params)
             for key in ready:
                 self.ctx.compressor.decompress_add(self.pending.pop(key), acc)
+                self.applied[key[1]] = key[0] + 1
             c.params -= acc
 
     def step(self, t):
         c, info = self.ctx, StepInfo(step=t)
+        peers = [a for a in self.applied if a is not None]
+        self.staleness[t] = t - min(peers) if peers else 0
         loss, info.samples, info.compute_s = c.compute(t, c.params, self.grad, self.rank, self.size,
                                                        1.0 / c.global_batch)
         t0 = time.perf_counter()
         flag = np.array([1 if c.stop_requested() else 0], np.int32)
         out = np.zeros(1, np.int32)
-        self.flags.append((self.comm.Iallreduce(flag, out, MPI.MAX), out, flag))
+        self.flags.append((self.wire.mpi_iallreduce(flag, out, MPI.MAX), out, flag))
         if c.opt.weight_decay:  # each rank adds 1/P of the decay so the sum decays once
             self.grad += self.grad.dtype.type(c.opt.weight_decay / self.size) * c.params
         delta = c.opt.direction(self.grad)
@@ -302,8 +292,7 @@ class SSP(_Mode):
         c.params -= own
         for r in range(self.size):
             if r != self.rank:
-                self.sends.append((self.comm.Isend([payload, MPI.BYTE], r, TAG_DELTA), payload))
-                info.bytes_sent += payload.size
+                self.sends.append((self.wire.isend(payload, r, TAG_DELTA), payload))
         self.sends = [(q, b) for q, b in self.sends if not q.Test()]
         # before clock t + 1: every update of clocks <= t - s must be in
         self._receive(block_until=t + 1 - self.s)
@@ -314,6 +303,7 @@ class SSP(_Mode):
             info.stop = bool(out[0])
         info.comm_s = time.perf_counter() - t0
         info.loss = loss / max(1, info.samples)
+        info.columns = _columns(self.size, c.global_batch)
         self.clock = t + 1
         return info
 
@@ -328,16 +318,23 @@ class SSP(_Mode):
         MPI.Request.Waitall([q for q, _ in self.sends])
         self.sends = []
 
-    def resume_at(self, step):
-        self.clock = step
-        self.received = [None if r == self.rank else step for r in range(self.size)]
-
     def sync_point(self, step):
         self._drain()
 
     def finish(self):
         self._drain()
-        self.comm.Bcast(self.ctx.params, root=0)  # erase rounding differences of update order
+        self.wire.bcast(self.ctx.params, root=0)  # erase rounding differences of update order
+
+    def annotate(self, rows):
+        """Each row: mean and max staleness over the P updates of its clock."""
+        every = self.comm.gather(self.staleness, root=0)
+        if self.rank:
+            return
+        for row in rows:
+            values = [st[row["step"] - 1] for st in every if row["step"] - 1 in st]
+            if values:
+                row["staleness_mean"] = float(np.mean(values))
+                row["staleness_max"] = int(max(values))
 
     def gather_state(self):
         c = self.ctx
@@ -348,14 +345,14 @@ class SSP(_Mode):
                 arrays[f"rank{r}_velocity"] = v
         return arrays
 
-    def load_state(self, arrays):
-        super().load_state(arrays)
+    def load_rank_state(self, arrays):
+        super().load_rank_state(arrays)
         key = f"rank{self.rank}_velocity"
         if key in arrays:
             self.ctx.opt.velocity[...] = arrays[key]
 
 
-class Backup(_Mode):
+class Backup(Mode):
     """Synchronous SGD with backup workers (Chen et al. 2016), aggregated on rank 0.
 
     Every rank computes a gradient; rank 0 averages the first P - b that arrive
@@ -364,8 +361,6 @@ class Backup(_Mode):
     to the newest parameters it has been sent.
     """
 
-    periodic_checkpoints = True
-
     def __init__(self, ctx):
         super().__init__(ctx)
         self.need = self.size - ctx.cfg.backup_workers
@@ -373,8 +368,8 @@ class Backup(_Mode):
         self.sends = []
         self.sent = 0          # gradients sent (workers)
         self.got = {}          # gradients received per worker (rank 0)
-        self.dropped = 0
-        self.next_step = None
+        self.dropped = 0       # late gradients rank 0 dropped
+        self.drained = 0       # of which received while finishing
 
     def step(self, t):
         c, info = self.ctx, StepInfo(step=t)
@@ -383,27 +378,27 @@ class Backup(_Mode):
         t0 = time.perf_counter()
         payload = c.compressor.compress(self.grad)
         if self.rank:
-            msg = np.concatenate([_pack_header(t, loss, c.stop_requested(), info.samples), payload])
-            self.sends.append((self.comm.Isend([msg, MPI.BYTE], 0, TAG_GRAD), msg))
+            msg = np.concatenate([pack_header(t, loss, c.stop_requested(), info.samples), payload])
+            self.sends.append((self.wire.isend(msg, 0, TAG_GRAD), msg))
             self.sent += 1
-            info.bytes_sent = msg.size
             # newest parameters wins; a late worker skips the steps it missed
-            msg, _ = _recv_bytes(self.comm, 0, TAG_PARAMS)
+            msg, _ = recv_bytes(self.comm, 0, TAG_PARAMS)
             st = MPI.Status()
             while self.comm.Iprobe(0, TAG_PARAMS, st):
-                msg, _ = _recv_bytes(self.comm, 0, TAG_PARAMS)
-            nxt, gloss, stop, _ = _unpack_header(msg)
+                msg, _ = recv_bytes(self.comm, 0, TAG_PARAMS)
+            nxt, gloss, stop, _ = unpack_header(msg)
             c.params[...] = msg[32:].view(c.dtype)
             info.loss, info.stop = gloss, stop
             self.sends = [(q, b) for q, b in self.sends if not q.Test()]
-            self.next_step = nxt
+            info.next_step = nxt
         else:
             used = {0: (payload, loss, info.samples)}
             stop = c.stop_requested()
+            dropped = self.dropped
             while len(used) < self.need:
-                msg, src = _recv_bytes(self.comm, MPI.ANY_SOURCE, TAG_GRAD)
+                msg, src = recv_bytes(self.comm, MPI.ANY_SOURCE, TAG_GRAD)
                 self.got[src] = self.got.get(src, 0) + 1
-                step, wloss, wflag, wsamples = _unpack_header(msg)
+                step, wloss, wflag, wsamples = unpack_header(msg)
                 stop = stop or wflag
                 if step == t and src not in used:
                     used[src] = (msg[32:], wloss, wsamples)
@@ -417,145 +412,39 @@ class Backup(_Mode):
             info.loss = sum(u[1] for u in used.values()) / max(1, total)
             c.opt.step(c.params, self.grad, c.lr_at(t))
             info.stop = stop or t + 1 >= c.cfg.steps
-            head = _pack_header(t + 1, info.loss, info.stop, total)
+            info.columns = _columns(1, total, dropped=self.dropped - dropped)
+            head = pack_header(t + 1, info.loss, info.stop, total)
             msg = np.concatenate([head, c.params.view(np.uint8)])
             for r in range(1, self.size):
-                self.sends.append((self.comm.Isend([msg, MPI.BYTE], r, TAG_PARAMS), msg))
-                info.bytes_sent += msg.size
+                self.sends.append((self.wire.isend(msg, r, TAG_PARAMS), msg))
             self.sends = [(q, b) for q, b in self.sends if not q.Test()]
-            self.next_step = t + 1
+            info.next_step = t + 1
         info.comm_s = time.perf_counter() - t0
         return info
 
     def finish(self):
-        """Workers report how many gradients they sent; rank 0 drains the late ones."""
+        """Workers report how many gradients they sent; rank 0 drains (and drops) the late ones."""
         counts = self.comm.gather(self.sent, root=0)
         if self.rank == 0:
             for src in range(1, self.size):
                 while self.got.get(src, 0) < counts[src]:
-                    _recv_bytes(self.comm, src, TAG_GRAD)
+                    recv_bytes(self.comm, src, TAG_GRAD)
                     self.got[src] = self.got.get(src, 0) + 1
-                    self.dropped += 1
+                    self.drained += 1
+            self.dropped += self.drained
         MPI.Request.Waitall([q for q, _ in self.sends])
         self.sends = []
         # workers that stopped early (stop header) still hold the last params sent
-        self.comm.Bcast(self.ctx.params, root=0)
+        self.wire.bcast(self.ctx.params, root=0)
+
+    def final_step(self, step):
+        return self.comm.bcast(step, root=0)
+
+    def annotate(self, rows):
+        """The gradients drained at the end were dropped in the last step."""
+        if self.rank == 0 and rows:
+            rows[-1]["dropped"] += self.drained
 
     def gather_state(self):
         self.ctx.opt.velocity = self.comm.bcast(self.ctx.opt.velocity if self.rank == 0 else None)
         return super().gather_state()
-
-
-class AsyncPS(_Mode):
-    """Asynchronous parameter server: ranks 0..K-1 hold parameter shards, the rest are workers.
-
-    A worker pulls every shard, computes a gradient on its share of the global
-    batch and pushes each shard's (compressed) gradient with non-blocking sends,
-    then pulls again; it never waits for the other workers.  A server applies
-    every push as it arrives: SGD with momentum mu^(1/W), so W pushes decay the
-    velocity like one synchronous step, and the rate times (1-mu^(1/W))/(1-mu),
-    so W pushes move the parameters as far as one synchronous step.
-    """
-
-    periodic_checkpoints = False
-
-    def __init__(self, ctx):
-        super().__init__(ctx)
-        self.k = ctx.cfg.servers
-        self.workers = self.size - self.k
-        self.is_worker = self.rank >= self.k
-        n = ctx.model.size
-        self.bounds = np.linspace(0, n, self.k + 1).round().astype(int)
-        self.grad = np.zeros(n, ctx.dtype)
-        self.sends = []
-        from .compress import get_compressor
-        self.comps = [get_compressor(ctx.cfg.compress, seed=ctx.cfg.seed * 100003 + self.rank * 131 + s)
-                      for s in range(self.k)]
-        mu = ctx.opt.momentum
-        self.momentum = mu ** (1.0 / self.workers)
-        # a velocity fed W times per round amplifies 1/(1-mu_push) instead of 1/(1-mu):
-        # scale the rate so a round of W pushes moves as far as one synchronous step
-        self.lr_factor = (1 - self.momentum) / (1 - mu) if mu > 0 else 1.0
-
-    @property
-    def logger_rank(self):
-        return self.k
-
-    def step(self, t):
-        c, info = self.ctx, StepInfo(step=t)
-        t0 = time.perf_counter()
-        reqs = [self.comm.Irecv(c.params[self.bounds[s]:self.bounds[s + 1]], s, TAG_PARAMS)
-                for s in range(self.k)]
-        for s in range(self.k):
-            self.comm.Send([np.zeros(0, np.uint8), MPI.BYTE], s, TAG_PULL)
-        MPI.Request.Waitall(reqs)
-        pull_s = time.perf_counter() - t0
-        w = self.rank - self.k
-        loss, info.samples, info.compute_s = c.compute(t, c.params, self.grad, w, self.workers,
-                                                       1.0 / c.global_batch)
-        t0 = time.perf_counter()
-        head = _pack_header(t, loss, 0, info.samples)
-        for s in range(self.k):
-            lo, hi = self.bounds[s], self.bounds[s + 1]
-            msg = np.concatenate([head, self.comps[s].compress(self.grad[lo:hi])])
-            self.sends.append((self.comm.Isend([msg, MPI.BYTE], s, TAG_PUSH), msg))
-            info.bytes_sent += msg.size
-        self.sends = [(q, b) for q, b in self.sends if not q.Test()]
-        info.comm_s = pull_s + time.perf_counter() - t0
-        info.loss = loss / max(1, info.samples)
-        info.stop = c.stop_requested()
-        return info
-
-    def serve(self):
-        """Answer pulls and apply pushes until every worker is done; return pushes applied."""
-        c = self.ctx
-        lo, hi = self.bounds[self.rank], self.bounds[self.rank + 1]
-        shard, vel = c.params[lo:hi], c.opt.velocity[lo:hi]
-        dense = np.zeros(hi - lo, c.dtype)
-        from .compress import get_compressor
-        decoders = [get_compressor(c.cfg.compress) for _ in range(self.size)]
-        done, applied, st = 0, 0, MPI.Status()
-        self.bytes_sent = 0
-        while done < self.workers:
-            self.comm.Probe(MPI.ANY_SOURCE, MPI.ANY_TAG, st)
-            src, tag = st.Get_source(), st.Get_tag()
-            if tag == TAG_PULL:
-                self.comm.Recv([np.zeros(0, np.uint8), MPI.BYTE], src, TAG_PULL)
-                self.comm.Send(shard, src, TAG_PARAMS)
-                self.bytes_sent += shard.nbytes
-            elif tag == TAG_PUSH:
-                msg, _ = _recv_bytes(self.comm, src, TAG_PUSH)
-                step = _unpack_header(msg)[0]
-                dense[...] = 0
-                decoders[src].decompress_add(msg[32:], dense)
-                vel *= vel.dtype.type(self.momentum)
-                vel += dense
-                shard -= shard.dtype.type(c.lr_at(step) * self.lr_factor) * vel
-                applied += 1
-            elif tag == TAG_DONE:
-                self.comm.Recv([np.zeros(0, np.uint8), MPI.BYTE], src, TAG_DONE)
-                done += 1
-            else:
-                raise RuntimeError(f"parameter server got unexpected tag {tag} from {src}")
-        return applied
-
-    def finish(self):
-        c = self.ctx
-        if self.is_worker:
-            MPI.Request.Waitall([q for q, _ in self.sends])
-            self.sends = []
-            for s in range(self.k):
-                self.comm.Send([np.zeros(0, np.uint8), MPI.BYTE], s, TAG_DONE)
-        counts = np.diff(self.bounds)
-        full = [counts, self.bounds[:-1]]
-        for arr in (c.params, c.opt.velocity):
-            mine = arr[self.bounds[self.rank]:self.bounds[self.rank + 1]].copy() \
-                if self.rank < self.k else np.zeros(0, c.dtype)
-            cnt = np.concatenate([counts, np.zeros(self.workers, int)])
-            dsp = np.concatenate([full[1], np.full(self.workers, 0)])
-            self.comm.Allgatherv(mine, [arr, cnt, dsp, from_numpy_dtype(arr.dtype)])
-
-
-def make_mode(ctx):
-    """Return the mode object for ``ctx.cfg.sync``."""
-    return {"bsp": BSP, "ssp": SSP, "backup": Backup, "async": AsyncPS}[ctx.cfg.sync](ctx)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import signal
 import threading
@@ -12,17 +13,21 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from . import checkpoint as _ckpt
+from ..algorithms import resolve
+from . import resume
 from .compress import get_compressor
 from .data import batch_indices, load, shard
 from .metrics import write_metrics
 from .models import build_model, hidden_for_params
 from .optim import SGD, scaled_lr
-from .sync import AsyncPS, Backup, make_mode
+from .ps import AsyncPS
+from .sync import BSP, SSP, Backup
+from .wire import Wire
 
 __all__ = ["TrainConfig", "TrainResult", "train", "validate"]
 
-SYNC_MODES = ("bsp", "ssp", "async", "backup")
+MODES = {"bsp": BSP, "ssp": SSP, "async": AsyncPS, "backup": Backup}
+SYNC_MODES = tuple(MODES)
 
 
 @dataclass
@@ -69,12 +74,13 @@ class TrainResult:
     """What :func:`train` returns on every rank."""
 
     params: np.ndarray
-    step: int
+    step: int                          # global steps done (async: updates the servers applied)
     test_accuracy: float
     metrics: list = field(default_factory=list)   # the logging rank's rows, on every rank
     stopped: bool = False              # stopped early by SIGTERM (a checkpoint was written)
     bytes_sent: int = 0                # by this rank, over the whole run
-    wall_s: float = 0.0
+    wall_s: float = 0.0                # the job's: the longest of every rank's
+    computed: int = 0                  # gradients this rank computed
     config: TrainConfig | None = None
 
 
@@ -127,10 +133,7 @@ def validate(cfg: TrainConfig, size: int) -> TrainConfig:
                          f"workers), got K = {cfg.servers}")
     get_compressor(cfg.compress)
     try:
-        from mlcomm.algorithms import resolve
         cfg.algorithm = resolve(cfg.algorithm)
-    except ImportError:
-        pass
     except ValueError as exc:
         raise ValueError(f"--algorithm: {exc}") from None
     _parse_straggler(cfg.straggler, size)
@@ -187,12 +190,15 @@ class _Context:
         self.workers = self.size - cfg.servers if cfg.sync == "async" else self.size
         self.global_batch = cfg.batch_size * self.workers
         self.straggler = _parse_straggler(cfg.straggler, self.size)
+        self.wire = Wire(comm)
+        self.crash_at = int(os.environ.get("MLCOMM_TRAIN_CRASH_AT", -1))  # test hook: hard kill
+        self.checkpoint = None       # checkpoint(step): a collective checkpoint, set by train
         self._stop = threading.Event()
 
-    def lr_at(self, step: int) -> float:
+    def lr_at(self, step: int, global_batch: int | None = None) -> float:
         c = self.cfg
-        return scaled_lr(step, lr=c.lr, global_batch=self.global_batch, base_batch=c.base_batch,
-                         warmup=c.warmup, scaling=c.lr_scaling)
+        return scaled_lr(step, lr=c.lr, global_batch=global_batch or self.global_batch,
+                         base_batch=c.base_batch, warmup=c.warmup, scaling=c.lr_scaling)
 
     def shard_size(self, index: int) -> int:
         b = self.global_batch
@@ -236,47 +242,12 @@ class _Context:
         return self.model.accuracy(self.params, self.data.x_test, self.data.y_test)
 
 
-def _meta(ctx, step):
-    c = ctx.cfg
-    return {"step": int(step), "sync": c.sync, "model": ctx.model.name, "sizes": ctx.model.sizes,
-            "n_params": ctx.model.size, "ranks": ctx.size, "seed": c.seed, "data": c.data,
-            "dtype": c.dtype, "compress": c.compress, "batch_size": c.batch_size}
-
-
-def _save(ctx, mode, step, *, collective=True):
-    """Write a checkpoint (collective for every mode but backup's periodic ones)."""
-    if collective:
-        arrays = mode.gather_state()
-    else:  # backup workers: rank 0 holds the parameters and the velocity
-        arrays = {"params": ctx.params, "velocity": ctx.opt.velocity} if ctx.rank == 0 else None
-    if ctx.rank == 0:
-        _ckpt.save(ctx.cfg.checkpoint, arrays, _meta(ctx, step))
-
-
-def _load(ctx, mode):
-    """Read the checkpoint on rank 0, broadcast it; return the step to continue from."""
-    got = None
-    if ctx.rank == 0:
-        if os.path.exists(ctx.cfg.checkpoint):
-            got = _ckpt.load(ctx.cfg.checkpoint)
-    got = ctx.comm.bcast(got, root=0)
-    if got is None:
-        return 0
-    arrays, meta = got
-    if meta["n_params"] != ctx.model.size or meta["sizes"] != ctx.model.sizes:
-        raise ValueError(f"--resume: checkpoint {ctx.cfg.checkpoint} holds a model of "
-                         f"{meta['sizes']}, this run builds {ctx.model.sizes}")
-    if meta["ranks"] != ctx.size:
-        arrays = {k: v for k, v in arrays.items() if not k.startswith("rank")}
-    mode.load_state(arrays)
-    return int(meta["step"])
-
-
 def train(config: TrainConfig | None = None, *, comm=None, **options) -> TrainResult:
     """Train on ``comm`` (default COMM_WORLD); every rank calls it and gets a TrainResult.
 
     Options are the fields of :class:`TrainConfig`.  Bad options raise ValueError
-    on every rank before any communication.
+    on every rank before any communication; so does a ``--resume`` checkpoint
+    that cannot be read or does not fit (CheckpointError, a ValueError).
     """
     cfg = dataclasses.replace(config or TrainConfig(), **options)
     base = MPI.COMM_WORLD if comm is None else comm
@@ -288,13 +259,24 @@ def train(config: TrainConfig | None = None, *, comm=None, **options) -> TrainRe
         comm.Free()
 
 
+def _totals(rows):
+    """The run's exchange totals from the rows."""
+    updates = sum(r["updates"] for r in rows)
+    stale = [(r["staleness_mean"], r["updates"]) for r in rows if r["updates"]
+             and not math.isnan(r["staleness_mean"])]
+    return {"updates": updates, "dropped": sum(r["dropped"] for r in rows),
+            "staleness_mean": (sum(m * n for m, n in stale) / sum(n for _, n in stale))
+            if stale else float("nan"),
+            "staleness_max": max((r["staleness_max"] for r in rows), default=0)}
+
+
 def _train(cfg, comm):
     ctx = _Context(cfg, comm)
-    mode = make_mode(ctx)
-    start = _load(ctx, mode) if cfg.resume else 0
-    mode.resume_at(start)
-    crash_at = int(os.environ.get("MLCOMM_TRAIN_CRASH_AT", -1))     # test hook: hard kill
-    term_at = int(os.environ.get("MLCOMM_TRAIN_SIGTERM_AT", -1))    # test hook: SIGTERM to last rank
+    mode = MODES[cfg.sync](ctx)
+    start = resume.load(ctx, mode) if cfg.resume else 0
+    t = mode.resume_at(start)
+    ctx.checkpoint = lambda step: resume.save(ctx, mode, step)
+    term_at = int(os.environ.get("MLCOMM_TRAIN_SIGTERM_AT", -1))  # test hook: SIGTERM, last rank
 
     previous = None
     if threading.current_thread() is threading.main_thread():
@@ -305,77 +287,78 @@ def _train(cfg, comm):
             ctx._stop.set()
         previous = signal.signal(signal.SIGTERM, _on_term)
     logger = ctx.rank == mode.logger_rank
-    rows, bar, acc, total_bytes = [], None, float("nan"), 0
+    rows, bar, acc, computed = [], None, float("nan"), 0
     if logger and cfg.progress:
         from tqdm import tqdm
-        bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.sync}", unit="step",
-                   dynamic_ncols=True)
+        bar = tqdm(total=cfg.steps, initial=min(start, cfg.steps), desc=f"train {cfg.sync}",
+                   unit="step", dynamic_ncols=True)
+    comm.Barrier()
+    ctx.wire.reset()
     t_start = time.perf_counter()
-    step, stopped = start, False
     try:
         if not mode.is_worker:
             mode.serve()
-            total_bytes = mode.bytes_sent
         else:
-            while step < cfg.steps:
-                if step == crash_at and ctx.rank == 0:
+            while mode.more(t):
+                if t == ctx.crash_at and ctx.rank == 0:
                     comm.Abort(3)
-                if 0 <= term_at <= step and ctx.rank == ctx.size - 1 and not ctx.stop_requested():
+                if 0 <= term_at <= t and ctx.rank == ctx.size - 1 and not ctx.stop_requested():
                     os.kill(os.getpid(), signal.SIGTERM)
                 t0 = time.perf_counter()
-                info = mode.step(step)
-                total_bytes += info.bytes_sent
-                nxt = getattr(mode, "next_step", None)
-                done = info.step
-                step = nxt if nxt is not None else step + 1
+                info = mode.step(t)
+                sent = ctx.wire.take()
+                if not info.computed:
+                    break
+                computed += 1
+                done = t
+                t = info.next_step if info.next_step is not None else t + 1
                 if logger:
                     dt = time.perf_counter() - t0
-                    if step % cfg.eval_every == 0 or step >= cfg.steps or info.stop:
+                    if t % cfg.eval_every == 0 or t >= cfg.steps or info.stop:
                         acc = ctx.test_accuracy()
-                    samples = info.samples * (ctx.workers if cfg.sync == "async" else 1)
-                    if cfg.sync in ("bsp", "ssp"):
-                        samples = ctx.global_batch
                     rows.append({"step": done + 1, "wall_s": round(time.perf_counter() - t_start, 6),
                                  "loss": info.loss, "test_accuracy": acc,
-                                 "samples_per_s": samples / dt if dt > 0 else float("nan"),
+                                 "samples_per_s": info.columns.get("samples", info.samples) / dt
+                                 if dt > 0 else float("nan"),
                                  "compute_s": info.compute_s, "comm_s": info.comm_s,
-                                 "bytes_sent": int(info.bytes_sent), "lr": ctx.lr_at(done),
-                                 "mode": _mode_label(cfg)})
+                                 "bytes_sent": sent, "lr": ctx.lr_at(done),
+                                 "mode": _mode_label(cfg), **info.columns})
                     if bar is not None:
-                        bar.update(step - bar.n)
+                        bar.update(min(cfg.steps, mode.progress(t)) - bar.n)
                         bar.set_postfix(loss=f"{info.loss:.3g}", acc=f"{acc:.3f}")
-                if cfg.checkpoint and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 \
-                        and step < cfg.steps and not info.stop and mode.periodic_checkpoints:
+                if cfg.checkpoint and cfg.checkpoint_every and t % cfg.checkpoint_every == 0 \
+                        and t < cfg.steps and not info.stop and mode.periodic_checkpoints:
                     if isinstance(mode, Backup):
-                        _save(ctx, mode, step, collective=False)
+                        resume.save(ctx, mode, t, collective=False)
                     else:
-                        mode.sync_point(step)
-                        _save(ctx, mode, step)
+                        mode.sync_point(t)
+                        resume.save(ctx, mode, t)
                 if info.stop:
-                    stopped = ctx.stop_requested() or step < cfg.steps
                     break
         mode.finish()
-        if isinstance(mode, Backup) or isinstance(mode, AsyncPS):
-            step = comm.bcast(step, root=mode.logger_rank)
-        stopped = bool(comm.allreduce(int(stopped), MPI.MAX))
+        step = mode.final_step(t)
+        mode.annotate(rows)
+        stopped = step < cfg.steps
         if cfg.checkpoint:
-            _save(ctx, mode, step)
+            resume.save(ctx, mode, step)
     finally:
         if bar is not None:
             bar.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    wall = time.perf_counter() - t_start
+    wall = comm.allreduce(time.perf_counter() - t_start, MPI.MAX)
     if logger:
         acc = ctx.test_accuracy()
         if rows:
             rows[-1]["test_accuracy"] = acc
         if cfg.metrics:
-            write_metrics(cfg.metrics, rows, {**_meta(ctx, step), "config": _jsonable(cfg),
-                                              "stopped": stopped, "wall_s": wall})
+            write_metrics(cfg.metrics, rows, {**resume.describe(ctx, step),
+                                              "config": _jsonable(cfg), "stopped": stopped,
+                                              "wall_s": wall, "start": start, **_totals(rows)})
     acc, rows = comm.bcast((acc, rows), root=mode.logger_rank)
     return TrainResult(params=ctx.params, step=step, test_accuracy=acc, metrics=rows,
-                       stopped=stopped, bytes_sent=total_bytes, wall_s=wall, config=cfg)
+                       stopped=stopped, bytes_sent=ctx.wire.total, wall_s=wall,
+                       computed=computed, config=cfg)
 
 
 def _mode_label(cfg):
