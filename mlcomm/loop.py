@@ -99,35 +99,36 @@ def _execute():
 _DTYPES = frozenset(np.dtype(t) for t in (
     np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
     np.float16, np.float32, np.float64, np.complex64, np.complex128, np.bool_))
-_OPS = {"sum": 0, "avg": 0, "prod": 1, "min": 2, "max": 3,
-        "band": 4, "bor": 5, "bxor": 6, "land": 7, "lor": 8}
 
 
 def compiled_supports(dtype: np.dtype, op: str) -> bool:
     """True when the compiled loop reduces ``dtype`` with ``op`` (complex: sum only)."""
     from .kernels import BFLOAT16
-    return ((dtype in _DTYPES or dtype == BFLOAT16) and op in _OPS
-            and (dtype.kind != "c" or op in ("sum", "avg")))
+    from .kernels import OP_TABLE
+    return ((dtype in _DTYPES or dtype == BFLOAT16) and op in OP_TABLE
+            and (dtype.kind != "c" or OP_TABLE[op].reduces_as == "sum"))
 
 
 def op_names() -> dict:
     """Loop op code -> the kernels' scalar op name (see :func:`op_code`)."""
+    from .kernels import OP_TABLE
     names = {}
-    for prefix, base in (("", 0), *((p + "_", c) for p, c in _CODECS.items())):
-        for op in ("sum", "prod", "min", "max", *(() if prefix else
-                                                   ("band", "bor", "bxor", "land", "lor"))):
-            names[base + _OPS[op]] = prefix + op
+    for op in OP_TABLE.values():
+        if op.divides:
+            continue  # reduces as another op
+        names[op.code] = op.name
+        if op.name in ("sum", "prod", "min", "max"):  # the arithmetic half floats have
+            for prefix, base in _CODECS.items():
+                names[base + op.code] = f"{prefix}_{op.name}"
     return names
 
 
 def op_code(dtype: np.dtype, op: str) -> int:
     """The compiled loop's op code: the op's, plus the float16/bfloat16 codec's offset."""
-    try:
-        from .kernels.numba_backend import scalar_name
-    except ImportError:
-        from .kernels.numba_backend import _name as scalar_name
+    from .kernels.numba_backend import scalar_name
+    from .kernels import OP_TABLE
     prefix = scalar_name(dtype, op).rpartition("_")[0]
-    return _OPS[op] + _CODECS.get(prefix, 0)
+    return OP_TABLE[op].reduce_code + _CODECS.get(prefix, 0)
 
 
 def compiled_loop(frame: Frame, kernel_dtype: np.dtype):

@@ -27,14 +27,14 @@ _TAG = 0
 
 # --- ops -------------------------------------------------------------------------------------
 
-_MPI_OPS = {name: getattr(MPI, "SUM" if name == "avg" else name.upper()) for name in kernels.OPS}
+_MPI_OPS = {name: getattr(MPI, op.mpi) for name, op in kernels.OP_TABLE.items()}
 
 
 def op_name(op) -> str:
     """Normalise an op given by name (or alias) or as an ``MPI.Op`` constant."""
     if isinstance(op, MPI.Op):
         for name, const in _MPI_OPS.items():
-            if name != "avg" and op == const:
+            if not kernels.OP_TABLE[name].divides and op == const:
                 return name
     else:
         try:
