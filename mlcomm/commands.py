@@ -213,8 +213,8 @@ def add_sizes(p, help="message sizes in bytes, e.g. 8,64K,16M or 8,64,...,16M",
                    metavar="S1,S2,...", help=help)
 
 
-def add_dtype(p, default, help) -> None:
-    p.add_argument("-d", "--dtype", default=default, help=help)
+def add_dtype(p, default, help, **kw) -> None:
+    p.add_argument("-d", "--dtype", default=default, help=help, **kw)
 
 
 def add_op(p, default, help="reduction op (default %(default)s)", **kw) -> None:
@@ -336,10 +336,11 @@ def register(sub) -> None:
     p.set_defaults(func=_info)
     p = sub.add_parser(
         "verify", help="check every algorithm against MPI_Allreduce (run under mpiexec)",
-        description="Run every algorithm x dtype x op x size, in and out of place, and compare "
-                    "each result with MPI_Allreduce's, across ranks bit for bit, in dtype and "
-                    "shape; the input must be unchanged. A wrong result on any rank is a FAIL "
-                    "on every rank. Exit status 1 on a failure or when nothing was checked.",
+        description="Run every algorithm x dtype x op x size, in and out of place, and\n"
+                    "compare each result with MPI_Allreduce's, across ranks bit for bit, in\n"
+                    "dtype and shape; the input must be unchanged. A wrong result on any rank\n"
+                    "is a FAIL on every rank. Exit status 1 on a failure or when nothing was\n"
+                    "checked.",
         epilog="example:\n  mpiexec -n 4 mlcomm verify -a ring,auto -d float32,bfloat16 "
                "-o sum,max", formatter_class=argparse.RawDescriptionHelpFormatter)
     add_algorithms(p, "algorithms, comma-separated (default: every one, mpi last)")

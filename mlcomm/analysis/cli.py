@@ -426,8 +426,10 @@ def register(subparsers) -> None:
     add_sizes(p, help="ping-pong sizes, e.g. 8,64,...,16M")
     p.add_argument("--gamma-bytes", type=size, default=None,
                    help="array size for the kernel timings (default 4M, 1M with --quick)")
-    add_dtype(p, None, "dtypes for gamma, comma-separated (default: a common set)")
-    add_op(p, None, "ops for gamma, comma-separated (default sum,prod,min,max)", type=op_list)
+    add_dtype(p, None, "dtypes for gamma, comma-separated (default: a common set)",
+              metavar="D1,D2,...")
+    add_op(p, None, "ops for gamma, comma-separated (default sum,prod,min,max)", type=op_list,
+           metavar="OP1,OP2,...")
     add_profile(p, "the profile to write (default $MLCOMM_PROFILE or "
                    "~/.cache/mlcomm/profile.json)")
     p.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")

@@ -11,13 +11,13 @@ import time
 from ..commands import (add_algorithms, add_dtype, add_format, add_op, add_output,
                         add_progress, add_quick, add_sizes, non_negative_int, output_format,
                         positive_int, show_progress, size, write_text)
+from ..kernels import OPS
 
 __all__ = ["register", "run", "QUICK_SIZES", "add_sweep", "sweep_sizes"]
 
 #: --quick sweeps these sizes: the small, medium and large messages of the performance table
 #: (8 B, 64 KiB, 16 MiB) and two between.
 QUICK_SIZES = (8, 1 << 10, 64 << 10, 1 << 20, 16 << 20)
-_OPS = ("sum", "prod", "min", "max", "avg", "band", "bor", "bxor", "land", "lor")
 _EPILOG = """\
 examples:
   mpiexec -n 4 mlcomm bench --quick --plot bench.png
@@ -87,7 +87,8 @@ def register(subparsers):
                         "each algorithm in one block)")
     add_dtype(p, "float32", "element type: float64, float32, float16, bfloat16, int32, ... "
                             "(default float32); with --kernels a list, e.g. float32,float16")
-    add_op(p, "sum", choices=_OPS)
+    add_op(p, "sum", choices=OPS, metavar="OP",
+           help=f"reduction op: {', '.join(OPS)} (default %(default)s)")
     place = p.add_mutually_exclusive_group()
     place.add_argument("--in-place", dest="placement", action="store_const", const="in",
                        help="time in-place calls only (MPI_IN_PLACE)")

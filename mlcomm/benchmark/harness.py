@@ -36,7 +36,6 @@ RECORD_KEYS = ("algorithm", "ranks", "bytes", "count", "dtype", "op", "in_place"
 EXTRA_KEYS = ("iters", "rounds", "device", "peak_rss_mib", "baseline")
 
 BASELINE = "mpi"
-OPS = ("sum", "prod", "min", "max", "avg", "band", "bor", "bxor", "land", "lor")
 _MPI_OPS = {"sum": "SUM", "prod": "PROD", "min": "MIN", "max": "MAX", "avg": "SUM",
             "band": "BAND", "bor": "BOR", "bxor": "BXOR", "land": "LAND", "lor": "LOR"}
 _RTOL = {2: 2e-2, 4: 1e-5, 8: 1e-12}   # float tolerance by itemsize
