@@ -14,7 +14,7 @@ no case inherits another's peak. In a job every rank
    stays resident after it (the plan cache keeps its scratch for the next call).
 
 Beside it stands the scratch the schedule declares, ``scratch_count`` / count (``-`` for
-``mpi``, the MPI library's ``MPI_Allreduce``). The executor allocates all of it with
+``mpi``, the MPI library's ``MPI_Allreduce``). mlcomm allocates all of it with
 ``np.empty``, but only the pages a schedule writes become resident, so ``peak`` can be less.
 Writes ``bench/results/memory.json`` and prints the table.
 """

@@ -1,11 +1,11 @@
 """Device arrays as collective buffers: checked views, streams, events and copies.
 
 One small adapter over CuPy arrays and Numba device arrays (the CUDA simulator's
-``FakeCUDAArray`` included), so that :mod:`mlcomm.staging` and the executor's device binding
+``FakeCUDAArray`` included), so that :mod:`mlcomm.staging` and the device loop
 never branch on the array library themselves. Kinds are "cupy" and "numba"; anything else with
 ``__cuda_array_interface__`` or a CUDA ``__dlpack_device__`` is wrapped as one of them.
 
-:class:`DeviceVector` is what the executor binds on the CUDA-aware path: a flat device array,
+:class:`DeviceVector` is what a binding holds on the CUDA-aware path: a flat device array,
 the element type the collective reduces (raw ``uint16`` buffers carry ``bfloat16``) and the
 stream its kernels launch on. :func:`direct` turns the user's buffers into device vectors.
 """
@@ -234,7 +234,7 @@ def _address(kind, arr):
 class DeviceVector:
     """A flat device array seen as ``dtype``, and the stream mlcomm works on for it.
 
-    Slicing gives a vector over the same memory. The executor sends ``bytes()`` through a
+    Slicing gives a vector over the same memory. A binding sends ``bytes()`` through a
     CUDA-aware MPI, reduces ``raw`` with the GPU kernels and copies with :meth:`copy_from`.
     """
 

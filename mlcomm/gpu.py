@@ -6,7 +6,7 @@ array. :func:`cuda_aware` decides how it travels (``MLCOMM_CUDA_AWARE=1|0``, or 
 MPI library when unset):
 
 - CUDA-aware: device pointers go straight to MPI (:func:`mlcomm.device.direct`) after the
-  producing stream is synchronised; the executor reduces with the GPU kernels on the device.
+  producing stream is synchronised; the device loop reduces with the GPU kernels on the device.
 - otherwise: staged through pinned host buffers (:mod:`mlcomm.staging`), the copy of chunk
   k+1 overlapping the collective on chunk k for allreduce, reduce and bcast. When the probe
   cannot tell, device arrays are staged and a warning is issued once.

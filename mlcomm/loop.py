@@ -191,12 +191,12 @@ class PythonLoop:
                 self.steps.append((kind, (int(row[1]), int(row[2]), int(row[3]))))
                 continue
             d = memory.view(int(row[1]), int(row[2]), int(row[7]))
-            s = memory.view(int(row[3]), int(row[4]), int(row[7]))
+            other = memory.view(int(row[3]), int(row[4]), int(row[7]))
             if kind == COPY:
-                calls = memory.copy(d, s)
-            else:
-                a = memory.view(int(row[5]), int(row[6]), int(row[7])) if kind == REDUCE3 \
-                    else (d if kind == REDUCE else s)
+                calls = memory.copy(d, other)
+            else:  # d = a (op) s, with a = d (REDUCE) or s = d (REDUCE2)
+                a, s = {REDUCE: (d, other), REDUCE2: (other, d),
+                        REDUCE3: (memory.view(int(row[5]), int(row[6]), int(row[7])), other)}[kind]
                 calls = memory.reduce(kind, d, a, s)
             self.steps.append((COPY, calls))
 

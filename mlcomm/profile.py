@@ -38,7 +38,7 @@ DEFAULT_ALPHA = 2e-6
 DEFAULT_BETA = 1 / 12.5e9
 DEFAULT_GAMMA = 1 / 10e9
 
-#: What the Python executor adds per schedule step (Startall/Waitall) and per local op,
+#: What the loop adds per schedule step (Startall/Waitall) and per local op,
 #: measured on the 2-core development machine (see README, Performance).
 DEFAULT_STEP_OVERHEAD = 2e-6
 DEFAULT_OP_OVERHEAD = 0.7e-6

@@ -62,7 +62,7 @@ def predict(p: int, nbytes: int, *, profile=None, dtype=None, op=None,
     """Predicted seconds of every candidate all-reduce.
 
     The closed form (the profile's alpha, beta, gamma) plus what the Python
-    executor adds per step and per local op, and the local copies, counted on
+    loop adds per step and per local op, and the local copies, counted on
     rank 0's schedule.
     """
     if profile is None:
@@ -105,7 +105,7 @@ def auto_choice(collective: str, p: int, nbytes: int, *, dtype=None, op=None,
                 itemsize: int = 4) -> str:
     """The measured choice of ``mlcomm tune``, else the least predicted time, as NCCL's tuner picks.
 
-    Each all-reduce algorithm's closed-form cost, plus the executor's
+    Each all-reduce algorithm's closed-form cost, plus the loop's
     per-step and per-op overhead and its local copies, is evaluated with the
     calibrated profile (``mlcomm calibrate``; built-in defaults without one).
     ``MLCOMM_DEBUG=1`` logs the choice and every candidate's prediction.

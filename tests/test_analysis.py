@@ -279,7 +279,7 @@ def test_auto_follows_the_profile(tmp_path, monkeypatch):
     # parameter server tie on the wire; the server's 2 steps beat the ring's 22 on overhead)
     assert choice in ("ring", "parameter_server") and times[choice] == min(times.values())
     assert times["ring"] < 0.5 * times["recursive_doubling"]
-    for name, t in times.items():  # the closed form plus the executor's small local terms
+    for name, t in times.items():  # the closed form plus the loop's small local terms
         formula = ALGORITHMS[name].cost(12, 1 << 20, 1e-9, 1e-8, 1e-12)
         assert formula <= t <= formula + 1e-3 * formula + 1e-4
 

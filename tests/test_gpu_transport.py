@@ -2,7 +2,7 @@
 
 The end-to-end tests run tests/gpu_job.py in real ``mpiexec -n 3`` jobs under Numba's CUDA
 simulator, once per path: staged whole, staged in chunks, and direct (``MLCOMM_CUDA_AWARE=1``:
-the simulator's device arrays are host memory, so MPI really moves them, and the executor's
+the simulator's device arrays are host memory, so MPI really moves them, and the device loop's
 device binding reduces them with the CUDA kernels). The simulator must be on before Numba is imported, so simulator-only unit checks
 run in a subprocess (``_SIM_CHECKS``); this pytest process never turns it on. The CuPy test
 skips without a GPU and fails instead when ``MLCOMM_TEST_GPU=1``.

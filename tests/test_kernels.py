@@ -815,7 +815,7 @@ def test_min_max_do_not_depend_on_the_reduction_order(backend, dtype, op):
 
 @pytest.mark.parametrize("op", ["max", "min"])
 def test_bare_kernels_order_zeros_whatever_aliases(op):
-    """The executor's kernels: dst = dst op src, and dst = left op src with dst one of them."""
+    """The loops' kernels: dst = dst op src, and dst = left op src with dst one of them."""
     a = np.array([0.0, -0.0, 0.0, -0.0, np.nan, 2.0], np.float32)
     b = np.array([-0.0, 0.0, 0.0, -0.0, 1.0, np.nan], np.float32)
     want = _ieee_pick(a, b, op)

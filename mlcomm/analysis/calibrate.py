@@ -84,14 +84,14 @@ def fit_alpha_beta(samples) -> tuple[float, float]:
 def measure_gamma(nbytes: int = 1 << 22, *, dtypes=GAMMA_DTYPES, ops=GAMMA_OPS,
                   backends=None, repeat: int = 5) -> dict:
     """Return ``{backend: {dtype: {op: seconds per byte of dst}}}`` from ``reduce_into`` timings."""
-    from .. import kernels
+    from ..kernels import BFLOAT16, backends as kernel_backends, is_supported, reduce_into
     if backends is None:
-        backends = [name for name, state in kernels.backends().items()
+        backends = [name for name, state in kernel_backends().items()
                     if state["available"] and name in ("numpy", "numba")]
     out: dict = {}
     for backend in backends:
         for dname in dtypes:
-            dtype = kernels.BFLOAT16 if dname == "bfloat16" else np.dtype(dname)
+            dtype = BFLOAT16 if dname == "bfloat16" else np.dtype(dname)
             if dtype is None:
                 continue
             count = max(1, nbytes // dtype.itemsize)
@@ -100,18 +100,18 @@ def measure_gamma(nbytes: int = 1 << 22, *, dtypes=GAMMA_DTYPES, ops=GAMMA_OPS,
                     1 + rng.random(count) * 1e-3).astype(dtype)
             src = base.copy()
             for op in ops:
-                if not kernels.is_supported(dtype, op):
+                if not is_supported(dtype, op):
                     continue
                 dst = base.copy()
                 try:
-                    kernels.reduce_into(dst, src, op, backend=backend)  # compile / warm up
+                    reduce_into(dst, src, op, backend=backend)  # compile / warm up
                 except (TypeError, RuntimeError, ValueError):
                     continue
                 best = float("inf")
                 for _ in range(repeat):
                     dst[...] = base
                     t0 = time.perf_counter()
-                    kernels.reduce_into(dst, src, op, backend=backend)
+                    reduce_into(dst, src, op, backend=backend)
                     best = min(best, time.perf_counter() - t0)
                 out.setdefault(backend, {}).setdefault(dname, {})[op] = best / (count * dtype.itemsize)
     return out
@@ -126,7 +126,7 @@ def measure_overheads(comm, alpha: float, *, calls: int = 2000) -> tuple[float, 
     """
     import time
 
-    from .. import session
+    from ..session import get as session_of
     from ..kernels import kernel_for
     a, b = np.ones(1), np.ones(1)
     fn = kernel_for(a, b, "sum")
@@ -135,7 +135,7 @@ def measure_overheads(comm, alpha: float, *, calls: int = 2000) -> tuple[float, 
         fn(a, b)
         np.copyto(a, b)
     op_cost = (time.perf_counter() - start) / (2 * calls)
-    s = session.get(comm)
+    s = session_of(comm)
     p = comm.Get_size()
     x, y = np.ones(2 * p), np.empty(2 * p)
     plan = s.plan("allreduce", "ring", 2 * p, x.dtype, "sum", {})

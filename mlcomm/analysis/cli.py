@@ -291,7 +291,7 @@ def _calibrate(args) -> int:
         print(f"{n:10d} {_seconds(t):>12s} {_seconds(prof.alpha + n * prof.beta):>12s}")
     bw = 1 / prof.beta / 1e9 if prof.beta else float("inf")
     print(f"alpha = {prof.alpha:.3g} s   beta = {prof.beta:.3g} s/B ({bw:.2f} GB/s)")
-    print(f"executor overhead: {prof.step_overhead * 1e6:.2f} us per step, "
+    print(f"loop overhead: {prof.step_overhead * 1e6:.2f} us per step, "
           f"{prof.op_overhead * 1e6:.2f} us per local op")
     print(f"gamma = {prof.gamma:.3g} s/B (default: float64 sum)")
     for backend, table in prof.gammas.items():

@@ -16,7 +16,7 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util.dtlib import from_numpy_dtype
 
-from .. import kernels
+from ..kernels import OP_TABLE, OPS, normalize_op
 from . import FAULT, Transport
 
 __all__ = ["IN_PLACE", "PointToPoint", "op_name", "mpi_op", "native_call", "native_dtype_ok",
@@ -27,21 +27,21 @@ _TAG = 0
 
 # --- ops -------------------------------------------------------------------------------------
 
-_MPI_OPS = {name: getattr(MPI, op.mpi) for name, op in kernels.OP_TABLE.items()}
+_MPI_OPS = {name: getattr(MPI, op.mpi) for name, op in OP_TABLE.items()}
 
 
 def op_name(op) -> str:
     """Normalise an op given by name (or alias) or as an ``MPI.Op`` constant."""
     if isinstance(op, MPI.Op):
         for name, const in _MPI_OPS.items():
-            if not kernels.OP_TABLE[name].divides and op == const:
+            if not OP_TABLE[name].divides and op == const:
                 return name
     else:
         try:
-            return kernels.normalize_op(op)
+            return normalize_op(op)
         except ValueError:
             pass
-    raise ValueError(f"op={op!r} is not supported; use one of {', '.join(kernels.OPS)} "
+    raise ValueError(f"op={op!r} is not supported; use one of {', '.join(OPS)} "
                      f"or the matching MPI.Op constant")
 
 

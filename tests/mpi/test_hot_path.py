@@ -54,6 +54,14 @@ def test_compiled_loop_is_bitwise_the_python_loop(dtype, op):
             slow.run()
             fast.free(), slow.free()
             agree(first.tobytes() == out.tobytes(), f"{name} {dt} {op} count={count}")
+            inplace = [x.copy(), x.copy()]  # in place: the other reduce kinds
+            for buf, settings in zip(inplace, (s.settings, Settings(rank=RANK, compiled=False))):
+                plan = s.plan("allreduce", name, count, dt, op, {}, alias=0)
+                bound = Binding(s.comm, plan, buf, buf, settings)
+                bound.run()
+                bound.free()
+            agree(inplace[0].tobytes() == inplace[1].tobytes() == first.tobytes(),
+                  f"{name} {dt} {op} count={count}: in place differs")
             digests = COMM.allgather(first.tobytes())
             agree(all(d == digests[0] for d in digests), f"{name} {dt} {op}: ranks differ")
             want = reference(COMM, x, op)
