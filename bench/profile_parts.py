@@ -2,8 +2,8 @@
 transfers alone and its reductions alone, timed beside ``MPI_Allreduce`` in the same job.
 
     mpiexec -n 4 python bench/profile_parts.py                 # 16 MiB float32 sum
-    mpiexec -n 2 python bench/profile_parts.py --bytes 8 --algorithms recursive_doubling
-    mpiexec -n 2 python bench/profile_parts.py --bytes 4M --rounds 21
+    mpiexec -n 2 python bench/profile_parts.py --size 8 --algorithms recursive_doubling
+    mpiexec -n 2 python bench/profile_parts.py --size 4M --rounds 21
 
 For each hand-written algorithm its compiled plan runs five ways, all through the same
 loops on the same buffers:
@@ -41,14 +41,14 @@ def _parser():
     from mlcomm.benchmark.harness import parse_size
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--bytes", type=parse_size, default=16 << 20,
-                   help="vector size per rank (default 16M)")
-    p.add_argument("--algorithms", default=",".join(DEFAULT_ALGORITHMS),
+    p.add_argument("-s", "--size", type=parse_size, default=16 << 20,
+                   help="vector size per rank in bytes, e.g. 8, 64K, 16M (default 16M)")
+    p.add_argument("-a", "--algorithms", default=",".join(DEFAULT_ALGORITHMS),
                    help="comma-separated hand-written algorithms")
-    p.add_argument("--rounds", type=positive_int, default=15, help="interleaved rounds")
+    p.add_argument("-r", "--rounds", type=positive_int, default=15, help="interleaved rounds")
     p.add_argument("--per-round", type=positive_int, default=None,
                    help="calls per round (default: 4, more for small messages)")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--output", type=Path, default=None,
                    help="JSON file (default bench/results/profile_parts_p{P}_{SIZE}.json)")
     return p
 
@@ -106,10 +106,10 @@ def profile(comm, args) -> dict | None:
     from mlcomm.benchmark.harness import interleaved
 
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
-    if args.bytes < 4 or args.bytes % 4:
-        raise ValueError(f"--bytes {args.bytes}: give a positive multiple of 4 (float32)")
-    count = args.bytes // 4
-    per_round = args.per_round or min(max(4, (64 << 20) // args.bytes), 2000)
+    if args.size < 4 or args.size % 4:
+        raise ValueError(f"--size {args.size}: give a positive multiple of 4 (float32)")
+    count = args.size // 4
+    per_round = args.per_round or min(max(4, (64 << 20) // args.size), 2000)
     send = np.full(count, comm.rank + 1, np.float32)
     recv = np.zeros(count, np.float32)
     calls = calls_for(comm, algorithms, send, recv)
@@ -117,14 +117,14 @@ def profile(comm, args) -> dict | None:
         calls[name]()
         p = comm.size
         if not np.all(recv == p * (p + 1) // 2):
-            raise RuntimeError(f"{name} gave a wrong sum at {args.bytes} bytes")
+            raise RuntimeError(f"{name} gave a wrong sum at {args.size} bytes")
     for call in calls.values():  # warm-up: plans bound, pages touched, kernels loaded
         call()
     medians = interleaved(calls, args.rounds, per_round, comm, lambda: None)
     times = {k: comm.allreduce(v, op=MPI.SUM) / comm.size * 1e6 for k, v in medians.items()}
     if comm.rank != 0:
         return None
-    return {"ranks": comm.size, "bytes": args.bytes, "dtype": "float32", "op": "sum",
+    return {"ranks": comm.size, "bytes": args.size, "dtype": "float32", "op": "sum",
             "rounds": args.rounds, "per_round": per_round,
             "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "mpi": MPI.Get_library_version().splitlines()[0].strip(),
@@ -158,12 +158,14 @@ def main(argv=None) -> int:
 
     from mlcomm.benchmark.harness import format_size
 
-    args = _parser().parse_args(argv)
+    from mlcomm.cli import parse_args
+
+    args = parse_args(_parser(), argv)
     comm = MPI.COMM_WORLD
     rec = profile(comm, args)
     if rec is not None:
-        out = args.out or HERE / "results" / \
-            f"profile_parts_p{comm.size}_{format_size(args.bytes)}.json"
+        out = args.output or HERE / "results" / \
+            f"profile_parts_p{comm.size}_{format_size(args.size)}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(rec, indent=1) + "\n")
         print(format_table(rec), end="")

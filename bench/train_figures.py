@@ -247,7 +247,9 @@ def main(argv=None):
     p.add_argument("--straggler", default=None, metavar="SPEC",
                    help="mlcomm train --straggler for figure 1 (default: the last rank, 30 ms)")
     p.add_argument("--algorithm", default="ring")
-    args = p.parse_args(argv)
+    from mlcomm.cli import parse_args
+
+    args = parse_args(p, argv)
     args.only = args.only or ["straggler", "compress"]
     if args.plot_only or _train_all(args):
         _plot(args.only)

@@ -9,7 +9,15 @@ __all__ = ["ALGORITHMS", "COLLECTIVES", "IN_PLACE", "Comm", "Persistent",
            "allreduce", "allreduce_init", "reduce_scatter", "allgather", "bcast", "reduce",
            "train"]
 
-__version__ = "0.1.0"
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("mlcomm")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"
+
+
+__version__ = _version()
 
 
 def __getattr__(name):

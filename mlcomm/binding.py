@@ -23,8 +23,8 @@ import numpy as np
 
 from . import kernels
 from .device import DeviceVector
-from .loop import (DONE, FAULTED, STALLED, Frame, HostMemory, PythonLoop, compiled_loop,
-                   compiled_supports, op_code)
+from .frame import DONE, F_PC, FAULTED, STALLED, Frame, compiled_supports, op_code
+from .loop import HostMemory, PythonLoop, compiled_loop
 from .program import INPUT, OUTPUT, SCRATCH
 from .transport.mpi import PointToPoint, abort_job
 
@@ -185,7 +185,6 @@ class Binding:
     def _waiting(self):
         """The transfer range of the WAIT the loop stopped at."""
         if self.frame is not None:
-            from .loop import F_PC
             pc = int(self.frame.words[F_PC])
             row = self.plan.program.instructions[pc]
         else:

@@ -18,7 +18,7 @@ from numba.extending import intrinsic, overload
 
 from .cabi import call0_f64, call3, ccall0, i64_array_at
 from .kernels.numba_backend import scalar
-from .loop import (DONE, F_BUFFERS, F_CODE, F_ITEM, F_NCODE, F_PC, F_STALL_NS, F_TRANSPORT,
+from .frame import (DONE, F_BUFFERS, F_CODE, F_ITEM, F_NCODE, F_PC, F_STALL_NS, F_TRANSPORT,
                    F_TRANSPORTS, F_WTIME, F_YIELD, F_YIELD_MASK, FAULTED, STALLED, op_names)
 from .program import COPY, REDUCE, REDUCE2, REDUCE3, START, WAIT, WIDTH
 

@@ -1,17 +1,18 @@
 """The loops that run a bound program (:mod:`mlcomm.program`): compiled, Python and device.
 
 All three interpret the same instructions on the same transports and return the same
-codes: :data:`DONE`, :data:`STALLED` (a WAIT outlasted the stall limit; call again to go
-on waiting) or :data:`FAULTED` (a transport reported a fault; ask it what).
+codes (:mod:`mlcomm.frame`): ``DONE``, ``STALLED`` (a WAIT outlasted the stall limit; call
+again to go on waiting) or ``FAULTED`` (a transport reported a fault; ask it what).
 
 - The **compiled loop** (:func:`compiled_loop`) runs the whole program in one Numba call
   without the GIL: the transport's C ``start``/``test`` through their addresses, copies and
   reductions as loops built from :func:`mlcomm.kernels.numba_backend.scalar`, so its results
   are bit for bit those of the kernels. It reads everything from an int64 *frame*
-  (:class:`Frame`): the program's address, the buffers, the transports, the stall limit.
+  (:class:`mlcomm.frame.Frame`): the program's address, the buffers, the transports, the
+  stall limit. It lives in :mod:`mlcomm.hostloop`, imported (with Numba) on first use.
 - The **Python loop** (:class:`PythonLoop`) decodes the program once into calls of
   :mod:`mlcomm.kernels` (NumPy, or Numba's parallel kernels for large reductions) on the
-  host; with a device :class:`Memory` it is the **device loop**, whose kernels run on a CUDA
+  host; with device memory (:class:`mlcomm.binding.DeviceMemory`) it is the **device loop**, whose kernels run on a CUDA
   stream that is synchronised before MPI touches device memory.
 
 A WAIT polls its transport; every ``yield_mask + 1`` polls it yields the CPU (ranks may
@@ -25,59 +26,11 @@ import time
 
 import numpy as np
 
-from .program import COPY, REDUCE, REDUCE2, REDUCE3, START, WAIT, WIDTH
+from .frame import DONE, F_OP, FAULTED, STALLED, Frame
+from .program import COPY, REDUCE, REDUCE2, REDUCE3, START, WAIT
 from .transport import FAULT
 
-__all__ = ["DONE", "STALLED", "FAULTED", "Frame", "compiled_loop", "compiled_supports",
-           "PythonLoop", "HostMemory"]
-
-DONE, STALLED, FAULTED = 0, 1, 2
-
-# frame words
-F_CODE, F_NCODE, F_OP, F_ITEM, F_PC, F_STALL_NS, F_YIELD_MASK, F_WTIME, F_YIELD, F_TRANSPORT = \
-    range(10)
-F_BUFFERS = 16  # (address, bytes) per buffer id
-F_TRANSPORTS = 24  # (context, start, test) per transport id
-_FRAME_WORDS = 32
-_BUFFERS = 4
-#: codec offsets of the loop's op code: float16 and bfloat16 reduce on their uint16 bits
-_CODECS = {"f16": 16, "bf16": 32}
-
-
-class Frame:
-    """The int64 words the compiled loop runs on: one per binding (see the module docstring)."""
-
-    def __init__(self, program, op_code, itemsize, stall_seconds, yield_mask):
-        from .cabi import libc_address
-        from .libmpi import symbol
-        self.words = np.zeros(_FRAME_WORDS, np.int64)
-        self.program = program  # the code's memory lives as long as the frame
-        w = self.words
-        w[F_CODE] = program.code.__array_interface__["data"][0]
-        w[F_NCODE] = len(program.code) // WIDTH
-        w[F_OP], w[F_ITEM] = op_code, itemsize
-        w[F_STALL_NS] = int(stall_seconds * 1e9)
-        w[F_YIELD_MASK] = yield_mask
-        w[F_WTIME], w[F_YIELD] = symbol("MPI_Wtime"), libc_address("sched_yield")
-
-    def set_buffer(self, index, address, nbytes):
-        self.words[F_BUFFERS + 2 * index:F_BUFFERS + 2 * index + 2] = (address, nbytes)
-
-    def set_transport(self, index, compiled):
-        self.words[F_TRANSPORTS + 3 * index:F_TRANSPORTS + 3 * index + 3] = compiled
-
-    @property
-    def stall_ns(self) -> int:
-        return int(self.words[F_STALL_NS])
-
-    @stall_ns.setter
-    def stall_ns(self, value):
-        self.words[F_STALL_NS] = value
-
-    @property
-    def faulted_transport(self) -> int:
-        return int(self.words[F_TRANSPORT])
-
+__all__ = ["compiled_loop", "PythonLoop", "HostMemory"]
 
 # --- the compiled loop -----------------------------------------------------------------------
 
@@ -93,42 +46,6 @@ def _execute():
         except ImportError:  # pragma: no cover - numba is a dependency
             _compiled = False
     return _compiled or None
-
-
-#: dtypes the compiled loop reduces, on their kernel view (numba_backend.kernel_dtype)
-_DTYPES = frozenset(np.dtype(t) for t in (
-    np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
-    np.float16, np.float32, np.float64, np.complex64, np.complex128, np.bool_))
-
-
-def compiled_supports(dtype: np.dtype, op: str) -> bool:
-    """True when the compiled loop reduces ``dtype`` with ``op`` (complex: sum only)."""
-    from .kernels import BFLOAT16
-    from .kernels import OP_TABLE
-    return ((dtype in _DTYPES or dtype == BFLOAT16) and op in OP_TABLE
-            and (dtype.kind != "c" or OP_TABLE[op].reduces_as == "sum"))
-
-
-def op_names() -> dict:
-    """Loop op code -> the kernels' scalar op name (see :func:`op_code`)."""
-    from .kernels import OP_TABLE
-    names = {}
-    for op in OP_TABLE.values():
-        if op.divides:
-            continue  # reduces as another op
-        names[op.code] = op.name
-        if op.name in ("sum", "prod", "min", "max"):  # the arithmetic half floats have
-            for prefix, base in _CODECS.items():
-                names[base + op.code] = f"{prefix}_{op.name}"
-    return names
-
-
-def op_code(dtype: np.dtype, op: str) -> int:
-    """The compiled loop's op code: the op's, plus the float16/bfloat16 codec's offset."""
-    from .kernels.numba_backend import scalar_name
-    from .kernels import OP_TABLE
-    prefix = scalar_name(dtype, op).rpartition("_")[0]
-    return OP_TABLE[op].reduce_code + _CODECS.get(prefix, 0)
 
 
 def compiled_loop(frame: Frame, kernel_dtype: np.dtype):

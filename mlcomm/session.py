@@ -23,6 +23,7 @@ vectors, whose bytes count towards the bound.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import weakref
 from collections import OrderedDict
@@ -36,6 +37,8 @@ from .plan import make_plan, plan_key
 
 __all__ = ["Session", "get", "Slot", "SLOTS", "slot_key", "remembers", "CACHE_BYTES",
            "cache_bytes", "cached_bytes"]
+
+log = logging.getLogger("mlcomm")
 
 #: MLCOMM_CACHE_BYTES when unset
 CACHE_BYTES = 256 << 20
@@ -200,6 +203,10 @@ class Session:
         self.plan_misses += 1
         plan = make_plan(collective, algorithm, self.rank, self.size, count, dtype, op,
                          options, alias)
+        if self.rank == 0 and os.environ.get("MLCOMM_DEBUG") == "1":
+            log.warning("mlcomm: new plan %s: %d steps, %d instructions, %d scratch elements",
+                        plan.describe(), len(plan.schedule.steps),
+                        len(plan.program.instructions), plan.schedule.scratch_count)
         self.plans[key] = plan
         if len(self.plans) > _PLANS:
             self.plans.popitem(last=False)  # its cached bindings age out of the cache

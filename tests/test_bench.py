@@ -381,9 +381,9 @@ def test_profile_parts_splits_each_plan_into_transfers_and_reductions(tmp_path):
     """P = 3: every part is timed beside MPI_Allreduce, after the whole call checked exact sums."""
     from conftest import ROOT
     out = tmp_path / "profile.json"
-    mpirun(3, [ROOT / "bench" / "profile_parts.py", "--bytes", "256K", "--rounds", "1",
+    mpirun(3, [ROOT / "bench" / "profile_parts.py", "--size", "256K", "--rounds", "1",
                "--per-round", "1", "--algorithms", "ring,recursive_halving_doubling",
-               "--out", out], timeout=240)
+               "--output", out], timeout=240)
     rec = json.loads(out.read_text())
     assert rec["ranks"] == 3 and rec["algorithms"] == ["ring", "recursive_halving_doubling"]
     labels = {"mpi", "copy", "sendrecv"} | {f"{a}{part}" for a in rec["algorithms"]
@@ -409,6 +409,6 @@ def test_profile_parts_parts_keep_only_messages_or_only_ops():
 
 def test_profile_parts_names_a_bad_algorithm():
     from conftest import ROOT
-    proc = mpirun(2, [ROOT / "bench" / "profile_parts.py", "--bytes", "64K",
+    proc = mpirun(2, [ROOT / "bench" / "profile_parts.py", "--size", "64K",
                       "--algorithms", "mpi"], timeout=120, check=False)
     assert proc.returncode != 0 and "--algorithms: 'mpi' is not a hand-written" in proc.stderr

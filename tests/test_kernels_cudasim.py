@@ -351,7 +351,6 @@ def _host_cupy_library(tmp_path):
     {(dtype name, op): (ctypes function, view dtype)}."""
     import ctypes
     import shutil
-    import mlcomm.kernels as K
     from mlcomm.kernels import cupy_backend as cb
     compiler = shutil.which("g++") or shutil.which("clang++")
     if compiler is None:

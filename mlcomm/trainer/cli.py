@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..commands import add_progress, show_progress
+
 __all__ = ["register", "add_arguments", "config_from_args"]
 
 
@@ -30,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--params", type=lambda s: int(float(s)), default=None, metavar="N",
                    help="synthetic data: size the model to about N parameters (up to ~1e7)")
     g.add_argument("--features", type=int, default=d.features, help="synthetic input features")
-    g.add_argument("--dtype", default=d.dtype, help="float32 or float64")
+    g.add_argument("-d", "--dtype", default=d.dtype, help="float32 or float64")
     g.add_argument("--seed", type=int, default=d.seed)
     g = p.add_argument_group("optimiser")
     g.add_argument("--steps", type=int, default=d.steps,
@@ -40,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--base-batch", type=int, default=d.base_batch,
                    help="global batch that --lr is tuned for (linear scaling rule)")
     g.add_argument("--lr-scaling", default=d.lr_scaling, choices=("linear", "none"))
-    g.add_argument("--warmup", type=int, default=d.warmup, help="warm-up steps (default %(default)s)")
+    g.add_argument("--lr-warmup", dest="warmup", type=int, default=d.warmup, metavar="STEPS",
+                   help="learning-rate warm-up steps (default %(default)s)")
     g.add_argument("--momentum", type=float, default=d.momentum)
     g.add_argument("--weight-decay", type=float, default=d.weight_decay)
     g = p.add_argument_group("gradient exchange")
@@ -67,8 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--resume", action="store_true",
                    help="continue from --checkpoint if it exists (on another P it says what "
                         "changes)")
-    g.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress bar")
+    add_progress(g)
 
 
 def config_from_args(args):
@@ -76,7 +78,9 @@ def config_from_args(args):
     import dataclasses
     from .train import TrainConfig
     names = {f.name for f in dataclasses.fields(TrainConfig)}
-    return TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
+    values = {k: v for k, v in vars(args).items() if k in names}
+    values["progress"] = show_progress(args)
+    return TrainConfig(**values)
 
 
 def _checker(parser):

@@ -7,7 +7,7 @@ from mpi4py import MPI
 import mlcomm
 from mlcomm import session
 from mlcomm.binding import Binding, Settings
-from mlcomm.loop import compiled_supports
+from mlcomm.frame import compiled_supports
 from mlcomm.verify import close, reference, sample
 
 from mpi_helpers import COMM, agree

@@ -1,0 +1,108 @@
+"""Imports flow one way: every import inside mlcomm matches the layer table in docs/design."""
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = {"mlcomm": ROOT / "mlcomm", "mlcomm.kernels": ROOT / "kernels"}
+
+
+def layers() -> dict:
+    """``{module prefix: level}`` from the table between the layers markers of the design page."""
+    text = (ROOT / "docs" / "design.rst").read_text()
+    table = text.split(".. layers-start", 1)[1].split(".. layers-end", 1)[0]
+    out = {}
+    for line in table.splitlines():
+        m = re.match(r"\s+(\d+)\s+(mlcomm.*)$", line)
+        if m:
+            for name in m.group(2).split():
+                out[name] = int(m.group(1))
+    return out
+
+
+def level(module: str, table: dict) -> int:
+    """The level of ``module``: its longest prefix in the table."""
+    parts = module.split(".")
+    if module == "mlcomm":
+        return table[module]
+    for k in range(len(parts), 1, -1):  # the root's layer is the root's alone
+        name = ".".join(parts[:k])
+        if name in table:
+            return table[name]
+    raise AssertionError(f"{module} is in no layer of docs/design.rst")
+
+
+def modules():
+    """Yield ``(module name, is package, path)`` for every source file of the package."""
+    for package, base in PACKAGES.items():
+        for path in sorted(base.rglob("*.py")):
+            rel = path.relative_to(base).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            yield ".".join([package, *parts]), path.name == "__init__.py", path
+
+
+def imports(module, is_package, path):
+    """Every mlcomm module ``path`` imports, lazily inside functions too."""
+    tree = ast.parse(path.read_text())
+    here = module.split(".") if is_package else module.split(".")[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "mlcomm":
+                    yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[:len(here) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "mlcomm":
+                continue
+            for alias in node.names:  # ``from pkg import sub`` imports the submodule pkg.sub
+                sub = f"{target}.{alias.name}"
+                yield (sub if _is_module(sub) else target), node.lineno
+
+
+def _is_module(name: str) -> bool:
+    parts = name.split(".")
+    if parts[:2] == ["mlcomm", "kernels"]:
+        base, parts = PACKAGES["mlcomm.kernels"], parts[2:]
+    else:
+        base, parts = PACKAGES["mlcomm"], parts[1:]
+    path = base.joinpath(*parts) if parts else base
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def test_every_module_has_a_layer_and_imports_go_down():
+    table = layers()
+    assert table, "docs/design.rst has no layer table"
+    upward = []
+    for module, is_package, path in modules():
+        mine = level(module, table)
+        for target, line in imports(module, is_package, path):
+            theirs = level(target, table)
+            if theirs > mine:
+                upward.append(f"{path.relative_to(ROOT)}:{line}: {module} (layer {mine}) "
+                              f"imports {target} (layer {theirs})")
+    assert not upward, "imports that go up:\n" + "\n".join(upward)
+
+
+def test_nothing_inside_imports_the_package_root():
+    found = []
+    for module, is_package, path in modules():
+        if module == "mlcomm":
+            continue
+        for target, line in imports(module, is_package, path):
+            if target == "mlcomm":
+                found.append(f"{path.relative_to(ROOT)}:{line}")
+    assert not found, "imports of the package root: " + ", ".join(found)
+
+
+def test_the_import_checker_sees_an_upward_import(tmp_path):
+    """The checker itself: a lazy relative import from a low layer to a high one is found."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from ..api import allreduce\n    from mlcomm import api, x\n")
+    found = list(imports("mlcomm.transport.bad", False, bad))
+    assert found == [("mlcomm.api", 2), ("mlcomm.api", 3), ("mlcomm", 3)]
+    assert level("mlcomm.api", layers()) > level("mlcomm.transport.bad", layers())
