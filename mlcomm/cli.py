@@ -113,14 +113,19 @@ def abort_on_error(func, *args, **kwargs):
         if not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
         _flush()
-        comm.Abort(exc.code if isinstance(exc.code, int) else 1)
+        _abort(comm, exc.code if isinstance(exc.code, int) else 1)
     except BaseException:
         traceback.print_exc()
         _flush()
         comm = world()
         if comm is not None:
-            comm.Abort(1)
+            _abort(comm, 1)
         sys.exit(1)
+
+
+def _abort(comm, code: int) -> None:
+    from .transport.mpi import abort_job
+    abort_job(code=code, comm=comm)
 
 
 def _flush() -> None:

@@ -95,7 +95,7 @@ def execute(frame, like, op):
                     frame[F_TRANSPORT] = code[i + 1]
                     return FAULTED
                 spins += 1
-                if spins & frame[F_YIELD_MASK] == 0:
+                if (spins & frame[F_YIELD_MASK]) == 0:
                     ccall0(frame[F_YIELD])
                     now = call0_f64(frame[F_WTIME])
                     if since == 0.0:

@@ -151,7 +151,7 @@ class PythonLoop:
                 self.faulted_transport, self._wait_code = transport, FAULTED
                 return True
             spins += 1
-            if spins & self.yield_mask == 0:
+            if (spins & self.yield_mask) == 0:
                 os.sched_yield()
                 now = time.monotonic()
                 if not since:

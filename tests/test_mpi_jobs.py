@@ -1,13 +1,15 @@
 """Run the tests in tests/mpi/ as real mpiexec jobs at several process counts."""
 
+import time
+
 import pytest
 
-from conftest import mpirun
+from conftest import ROOT, mpirun
 
 SUITE = "tests/mpi"
 
 
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 7, 8])
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 6, 7, 8])
 def test_mpi_suite(nprocs):
     proc = mpirun(nprocs, ["-m", "pytest", SUITE, "--with-mpi", "-q", "-x",
                            "-p", "no:cacheprovider", "-o", "addopts="], timeout=600,
@@ -20,3 +22,22 @@ def test_verify_command_passes(nprocs):
     proc = mpirun(nprocs, ["-m", "mlcomm", "verify", "--dtype", "int32,float64,bfloat16",
                            "--op", "sum,max,avg,bxor"], timeout=600)
     assert "ALL PASSED" in proc.stdout and "FAIL" not in proc.stdout
+
+
+def test_a_failure_on_one_rank_ends_the_suite_job_in_seconds(tmp_path):
+    """The MPI suite's plugin: an assert that fails on rank 1 only ends the job at once,
+    instead of leaving ranks 0 and 2 in the next test's barrier until the time limit."""
+    test = tmp_path / "test_one_rank_fails.py"
+    test.write_text("from mpi4py import MPI\n\n"
+                    "def test_fails_on_rank_1():\n"
+                    "    assert MPI.COMM_WORLD.Get_rank() != 1, 'rank 1 disagrees'\n\n"
+                    "def test_then_a_collective():\n"
+                    "    MPI.COMM_WORLD.Barrier()\n")
+    start = time.monotonic()
+    proc = mpirun(3, ["-m", "pytest", test, "-p", "abort_on_failure", "-q",
+                      "-p", "no:cacheprovider", "-o", "addopts="], timeout=120, check=False,
+                  env={"PYTHONPATH": str(ROOT / "tests" / "mpi")})
+    assert proc.returncode != 0
+    assert "rank 1 disagrees" in proc.stdout + proc.stderr
+    assert "[rank 1] FAILED" in proc.stderr
+    assert time.monotonic() - start < 60

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 from math import ceil, log2
+from numbers import Integral
 
 __all__ = ["elements", "log2ceil", "check_int"]
 
 
-def elements(nbytes, itemsize: int) -> int | None:
-    """Turn a byte-size option into whole elements (at least one); None stays None."""
+def elements(name: str, nbytes, itemsize: int) -> int | None:
+    """Turn the byte-size option ``name`` into whole elements (at least one); None stays None.
+
+    Anything but a positive integer raises a ValueError that names the option.
+    """
     if nbytes is None:
         return None
+    if isinstance(nbytes, bool) or not isinstance(nbytes, Integral) or nbytes < 1:
+        raise ValueError(f"{name}={nbytes!r}: give a positive whole number of bytes, "
+                         f"e.g. {name}=65536, or leave it out")
     return max(1, int(nbytes) // itemsize)
 
 

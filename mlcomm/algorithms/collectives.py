@@ -13,7 +13,7 @@ def ring_reduce_scatter_block(rank, size, count, itemsize, segment_bytes=None):
     """Ring reduce-scatter: input holds p blocks of ``count``; rank r gets reduced block r."""
     tl = Timeline(rank, size)
     ring_reduce_scatter(tl, 0, [i * count for i in range(size + 1)],
-                        elements(segment_bytes, itemsize), dst_offset=0)
+                        elements("segment_bytes", segment_bytes, itemsize), dst_offset=0)
     return tl.schedule(size * count, count)
 
 
@@ -21,7 +21,8 @@ def ring_allgather_block(rank, size, count, itemsize, segment_bytes=None):
     """Ring all-gather: rank r's ``count`` elements land in block r of every output."""
     tl = Timeline(rank, size)
     tl.copy(0, Region(OUTPUT, rank * count, count), Region(INPUT, 0, count))
-    ring_allgather(tl, 1, [i * count for i in range(size + 1)], elements(segment_bytes, itemsize))
+    ring_allgather(tl, 1, [i * count for i in range(size + 1)],
+                   elements("segment_bytes", segment_bytes, itemsize))
     return tl.schedule(count, size * count)
 
 
@@ -32,7 +33,8 @@ def tree_bcast_root(rank, size, count, itemsize, root=0, chunk_bytes=DEFAULT_CHU
     whole = Region(OUTPUT, 0, count)
     if rank == root:
         tl.copy(0, whole, Region(INPUT, 0, count))
-    tree_bcast(tl, 1, binary_tree(size, 0, root), whole, elements(chunk_bytes, itemsize))
+    tree_bcast(tl, 1, binary_tree(size, 0, root), whole,
+               elements("chunk_bytes", chunk_bytes, itemsize))
     return tl.schedule(count if rank == root else 0, count)
 
 
@@ -43,13 +45,13 @@ def tree_reduce_root(rank, size, count, itemsize, root=0, chunk_bytes=DEFAULT_CH
     tree = binary_tree(size, 0, root)
     if rank != root and not tree.children[rank]:  # a leaf sends its input as it is
         acc = Region(INPUT, 0, count)
-        tree_reduce(tl, 1, tree, acc, elements(chunk_bytes, itemsize), 0)
+        tree_reduce(tl, 1, tree, acc, elements("chunk_bytes", chunk_bytes, itemsize), 0)
         return tl.schedule(count, 0)
     acc = Region(OUTPUT if rank == root else SCRATCH, 0, count)
     if rank != root:
         tl.need_scratch(count)
     tl.copy(0, acc, Region(INPUT, 0, count))
-    tree_reduce(tl, 1, tree, acc, elements(chunk_bytes, itemsize),
+    tree_reduce(tl, 1, tree, acc, elements("chunk_bytes", chunk_bytes, itemsize),
                 0 if rank == root else count)
     return tl.schedule(count, count if rank == root else 0)
 

@@ -16,7 +16,7 @@ def build(rank, size, count, itemsize, chunk_bytes=DEFAULT_CHUNK_BYTES):
     Each tree reduces, then broadcasts, one half of the vector, pipelined in
     chunks of ``chunk_bytes``: about 2(log2 p + chunks) steps.
     """
-    chunk = elements(chunk_bytes, itemsize)
+    chunk = elements("chunk_bytes", chunk_bytes, itemsize)
     tl = Timeline(rank, size)
     half = count // 2
     halves = [Region(OUTPUT, 0, half), Region(OUTPUT, half, count - half)]

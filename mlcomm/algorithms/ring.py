@@ -14,7 +14,7 @@ def build(rank, size, count, itemsize, segment_bytes=None):
     ``segment_bytes`` cuts each step's block into segments, which bounds the
     scratch to two segments.
     """
-    seg = elements(segment_bytes, itemsize)
+    seg = elements("segment_bytes", segment_bytes, itemsize)
     bounds = chunk_bounds(count, size)
     tl = Timeline(rank, size)
     t = ring_reduce_scatter(tl, 0, bounds, seg)

@@ -9,7 +9,7 @@ import mlcomm
 from mpi_helpers import COMM, DeviceLike, agree
 
 pytestmark = pytest.mark.mpi
-P = COMM.Get_size()
+P, RANK = COMM.Get_size(), COMM.Get_rank()
 
 
 def test_wrong_recvbuf_size():
@@ -92,3 +92,41 @@ def test_validate_shares_a_local_error():
     with pytest.raises(ValueError):
         mlcomm.allreduce(bad, validate=True)
     agree(True)
+
+
+@pytest.mark.parametrize("name,option,value", [
+    ("ring", "segment_bytes", 0), ("ring", "segment_bytes", -4), ("ring", "segment_bytes", 1.5),
+    ("ring", "segment_bytes", "8"), ("ring", "segment_bytes", True),
+    ("double_binary_tree", "chunk_bytes", 0), ("double_binary_tree", "chunk_bytes", -1)])
+def test_size_options_must_be_positive_whole_bytes(name, option, value):
+    with pytest.raises(ValueError, match=f"{option}={value!r}: give a positive whole number"):
+        mlcomm.allreduce(np.ones(16), algorithm=name, **{option: value})
+    agree(np.all(mlcomm.allreduce(np.ones(16), algorithm=name, **{option: 8}) == P))
+
+
+def test_overlapping_send_and_recv_buffers_are_refused():
+    x = np.ones(10)
+    with pytest.raises(ValueError, match="sendbuf and recvbuf overlap"):
+        mlcomm.allreduce(x[:8], x[2:])
+    same = np.ones(10)  # the same array twice is in place
+    agree(np.all(mlcomm.allreduce(same, same, algorithm="ring") == P))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_max_and_min_follow_one_nan_and_signed_zero_rule_in_every_algorithm(dtype):
+    """NaN propagates and -0 < +0, so every algorithm gives the same bits on every rank,
+    whatever order it reduces in."""
+    dt = np.dtype(mlcomm.kernels.BFLOAT16) if dtype == "bfloat16" else np.dtype(dtype)
+    x = np.array([0.0 if RANK % 2 else -0.0, -0.0 if RANK % 2 else 0.0, 1.0,
+                  np.nan if RANK == P - 1 else 2.0, -0.0, 0.0], dt)
+    for op in ("max", "min"):
+        seen = set()
+        for name in sorted(n for n in mlcomm.ALGORITHMS if n not in ("mpi", "auto")):
+            got = mlcomm.allreduce(x, op=op, algorithm=name)
+            seen.add(got.tobytes())
+            agree(len(set(COMM.allgather(got.tobytes()))) == 1, f"{name} {op}: ranks differ")
+            agree(np.isnan(got[3]) if P > 0 else True, f"{name} {op}: NaN lost")
+            if P > 1:
+                zero = 0.0 if op == "max" else -0.0
+                agree(np.signbit(got[0]) == np.signbit(dt.type(zero)), f"{name} {op}: {got}")
+        agree(len(seen) == 1, f"{op}: algorithms differ")

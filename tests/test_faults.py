@@ -1,0 +1,156 @@
+"""What goes wrong between ranks ends clearly, never in a hang or a silent wrong answer.
+
+Each case runs a small script under mpiexec with a time limit well below what a hang
+would take; the compiled loop and the Python loop (``MLCOMM_EXECUTOR=python``) both.
+"""
+
+import textwrap
+import time
+
+import pytest
+
+from conftest import mpirun
+
+LOOPS = [pytest.param({}, id="compiled"), pytest.param({"MLCOMM_EXECUTOR": "python"}, id="python")]
+
+
+def _job(tmp_path, nprocs, body, env=None, timeout=60):
+    script = tmp_path / "job.py"
+    script.write_text("import os, sys, time\nimport numpy as np\nfrom mpi4py import MPI\n"
+                      "import mlcomm\nrank, size = MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size\n"
+                      + textwrap.dedent(body))
+    start = time.monotonic()
+    proc = mpirun(nprocs, [script], env=env, timeout=timeout, check=False)
+    return proc, time.monotonic() - start
+
+
+@pytest.mark.parametrize("env", LOOPS)
+def test_counts_that_differ_end_the_job_with_the_call_the_peer_and_the_bytes(tmp_path, env):
+    proc, secs = _job(tmp_path, 2, """
+        x = np.ones(10 if rank == 0 else 11, np.float32)
+        mlcomm.allreduce(x, algorithm="ring")
+        print("returned", rank, flush=True)
+    """, env)
+    assert proc.returncode != 0 and "returned" not in proc.stdout
+    assert "mlcomm: allreduce (ring," in proc.stderr
+    assert "bytes from rank" in proc.stderr or "longer than the" in proc.stderr
+    assert "validate=True" in proc.stderr
+    assert secs < 60
+
+
+@pytest.mark.parametrize("env", LOOPS)
+def test_dtypes_that_differ_end_the_job(tmp_path, env):
+    proc, _ = _job(tmp_path, 2, """
+        x = np.ones(64, np.float32 if rank == 0 else np.float64)
+        mlcomm.allreduce(x, algorithm="ring")
+        print("returned", rank, flush=True)
+    """, env)
+    assert proc.returncode != 0 and "returned" not in proc.stdout
+    assert "mlcomm: allreduce (ring," in proc.stderr and "schedule expects" in proc.stderr
+
+
+def test_mlcomm_algorithm_that_differs_is_an_error_on_every_rank(tmp_path):
+    proc, _ = _job(tmp_path, 3, """
+        os.environ["MLCOMM_ALGORITHM"] = "naive" if rank == 0 else "single_master"
+        try:
+            mlcomm.allreduce(np.ones(4))
+        except ValueError as exc:
+            print(f"rank {rank}: {exc}", flush=True)
+            sys.exit(0)
+        print("returned", rank, flush=True)
+    """)
+    assert proc.returncode == 0 and "returned" not in proc.stdout, proc.stderr
+    for r in range(3):
+        assert f"rank {r}: MLCOMM_ALGORITHM differs across ranks" in proc.stdout
+    assert "rank 1: 'single_master'" in proc.stdout
+
+
+def test_mlcomm_algorithm_is_rank_0s_when_every_rank_agrees(tmp_path):
+    proc, _ = _job(tmp_path, 2, """
+        from mlcomm import session
+        os.environ["MLCOMM_ALGORITHM"] = "naive"
+        got = mlcomm.allreduce(np.arange(5.0))
+        assert session.get(MPI.COMM_WORLD).default_algorithm == "naive"
+        assert np.array_equal(got, np.arange(5.0) * size)
+        print("ok", rank, flush=True)
+    """)
+    assert proc.returncode == 0 and proc.stdout.count("ok") == 2, proc.stderr
+
+
+def test_an_explicit_algorithm_that_differs_is_caught_by_validate(tmp_path):
+    proc, _ = _job(tmp_path, 2, """
+        try:
+            mlcomm.allreduce(np.ones(4), algorithm="naive" if rank else "ring", validate=True)
+        except ValueError as exc:
+            print(f"rank {rank}: {exc}", flush=True)
+    """)
+    assert proc.returncode == 0
+    for r in range(2):
+        assert f"rank {r}: mlcomm: ranks [1] called with arguments that differ" in proc.stdout
+    assert "algorithm: rank 0 has 'ring', rank 1 has 'naive'" in proc.stdout
+
+
+LATE = """
+    x = np.full(100, rank + 1.0)
+    {setup}
+    got = {call}  # the communicator's session and the plan exist: the late call waits in it
+    if rank == size - 1:
+        time.sleep({sleep})
+    got = {call}
+    assert np.all(got == size * (size + 1) / 2), got
+    print("done", rank, flush=True)
+"""
+
+
+@pytest.mark.parametrize("env", LOOPS)
+@pytest.mark.parametrize("handle", [False, True], ids=["call", "persistent"])
+def test_a_stall_is_reported_once_with_the_missing_ranks(tmp_path, env, handle):
+    setup = "h = mlcomm.allreduce_init(x, algorithm='ring')" if handle else ""
+    call = "h()" if handle else "mlcomm.allreduce(x, algorithm='ring')"
+    body = LATE.format(setup=setup, sleep=3, call=call)
+    proc, _ = _job(tmp_path, 3, body, dict(env, MLCOMM_STALL_SECONDS="1"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("done") == 3
+    for r in (0, 1):
+        line = f"mlcomm: rank {r} has waited 1 s in allreduce (ring, 100 x float64) for ranks"
+        assert proc.stderr.count(line) == 1, proc.stderr
+    assert "for ranks [2]" in proc.stderr
+
+
+@pytest.mark.parametrize("env", LOOPS)
+def test_a_stall_ends_the_job_under_stall_abort(tmp_path, env):
+    proc, secs = _job(tmp_path, 2, LATE.format(setup="", sleep=60,
+                                               call="mlcomm.allreduce(x, algorithm='ring')"),
+                      dict(env, MLCOMM_STALL_SECONDS="1", MLCOMM_STALL_ABORT="1"), timeout=90)
+    assert proc.returncode != 0
+    assert "mlcomm: rank 0 has waited 1 s in allreduce (ring, 100 x float64) for ranks [1]" \
+        in proc.stderr and "MLCOMM_STALL_ABORT=1: ending the job" in proc.stderr
+    assert secs < 40
+
+
+def test_freed_arrays_leave_at_most_the_cache_bound(tmp_path):
+    """Distinct 4 MiB arrays, then 16 MiB ones, each freed by the caller: mlcomm holds at most
+    MLCOMM_CACHE_BYTES of scratch, and resident memory comes back."""
+    proc, _ = _job(tmp_path, 2, """
+        import gc
+        from mlcomm import session
+        def rss():
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        bound = session.cache_bytes()
+        mlcomm.allreduce(np.ones(1000), algorithm="naive")
+        base = rss()
+        for n, calls in ((1 << 20, 120), (4 << 20, 24)):  # float32: 4 MiB, then 16 MiB
+            for k in range(calls):
+                x = np.full(n, 1.0, np.float32)
+                y = mlcomm.allreduce(x, algorithm="naive" if k % 2 else "ring")
+                assert y[0] == size
+                del x, y
+                assert session.cached_bytes() <= bound, session.cached_bytes()
+        gc.collect()
+        grown = rss() - base
+        print("grown", rank, grown >> 20, "MiB; cached", session.cached_bytes() >> 20, flush=True)
+        assert grown < bound + (64 << 20), grown
+    """, {"MLCOMM_CACHE_BYTES": str(64 << 20)}, timeout=240)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert proc.stdout.count("grown") == 2
