@@ -1,13 +1,13 @@
 """mlcomm: hand-written MPI all-reduce algorithms as verified schedules."""
 
 from .algorithms import ALGORITHMS, COLLECTIVES
-from .api import (IN_PLACE, Persistent, allgather, allreduce, allreduce_init, bcast, reduce,
-                  reduce_scatter)
+from .api import (IN_PLACE, Persistent, Request, allgather, allreduce, allreduce_init, bcast,
+                  iallreduce, reduce, reduce_scatter)
 from .comm import Comm
 
-__all__ = ["ALGORITHMS", "COLLECTIVES", "IN_PLACE", "Comm", "Persistent",
-           "allreduce", "allreduce_init", "reduce_scatter", "allgather", "bcast", "reduce",
-           "train"]
+__all__ = ["ALGORITHMS", "COLLECTIVES", "IN_PLACE", "Comm", "Persistent", "Request",
+           "allreduce", "iallreduce", "allreduce_init", "reduce_scatter", "allgather", "bcast",
+           "reduce", "train"]
 
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version

@@ -15,12 +15,13 @@ from . import device, gpu, kernels, staging
 from .algorithms import AUTO, COLLECTIVES, MPI_NATIVE
 from .device import DeviceVector
 from .select import auto_choice, requested
+from .progress import Request
 from .session import SLOTS, Slot, remembers, slot_key
 from .session import get as session_of
 from .transport.mpi import native_call, native_dtype_ok, op_name
 
-__all__ = ["allreduce", "allreduce_init", "Persistent", "reduce_scatter", "allgather", "bcast",
-           "reduce", "IN_PLACE"]
+__all__ = ["allreduce", "iallreduce", "allreduce_init", "Persistent", "Request",
+           "reduce_scatter", "allgather", "bcast", "reduce", "IN_PLACE"]
 
 IN_PLACE = MPI.IN_PLACE
 
@@ -161,6 +162,7 @@ def _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
         type(sendbuf) is np.ndarray or is_in_place(sendbuf)) and (
         type(recvbuf) is np.ndarray or recvbuf is None)
     session, out, run, binding, finish = _bind_host(*args, validate, options)
+    session.wait_started()
     run()
     if finish is not None:
         finish()
@@ -367,6 +369,29 @@ def allreduce(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None, val
     return _run("allreduce", sendbuf, recvbuf, op, comm, algorithm, 0, validate, options)
 
 
+def iallreduce(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None, validate=None,
+               **options) -> Request:
+    """Start an all-reduce and return at once: a :class:`Request` whose ``wait()`` returns
+    what :func:`allreduce` returns, and whose ``test()`` says whether it is done.
+
+    The call is checked and planned now; it runs on the communicator's progress thread in
+    the compiled loop without the GIL, after every call started on the communicator before
+    it, so many may be outstanding and they complete in order. The buffers must not be
+    touched until the request completes (the request keeps them alive). A blocking call on
+    the same communicator waits for the started ones first.
+    """
+    if (type(sendbuf) is not np.ndarray and gpu.is_device_array(sendbuf)) or (
+            type(recvbuf) is not np.ndarray and gpu.is_device_array(recvbuf)):
+        session = session_of(_comm(comm))
+        run = partial(_run_device, "allreduce", sendbuf, recvbuf, op, comm, algorithm, 0,
+                      validate, dict(options))
+        return session.start(run, keep=(sendbuf, recvbuf))  # run() returns the result
+    args = ("allreduce", sendbuf, recvbuf, op, comm, algorithm, 0)
+    session, out, run, binding, finish = _bind_host(*args, validate, options)
+    result = _result("allreduce", out, sendbuf, recvbuf, session.rank, 0)
+    return session.start(run, finish, result, (sendbuf, recvbuf, out), binding)
+
+
 def allreduce_init(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None, validate=None,
                    **options):
     """Bind an all-reduce to its buffers once, as MPI-4's ``MPI_Allreduce_init``; return a
@@ -392,7 +417,7 @@ class Persistent(Slot):
     communicator is freed.
     """
 
-    __slots__ = ("buffers",)
+    __slots__ = ("buffers", "request")
 
     def __init__(self, collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
                  options):
@@ -402,7 +427,26 @@ class Persistent(Slot):
         super().__init__(session, args, run, binding, finish, result)
         self.buffers = (sendbuf, recvbuf, out)
         self.result = lambda: result  # the handle owns its buffers
+        self.request = None
         session.handles.add(self)
+
+    def start(self) -> Request:
+        """Start the collective on the communicator's progress thread (as
+        ``MPI_Start``); :meth:`wait` for it. Returns its :class:`Request`."""
+        self.request = self.session.start(self.run, self.finish, self.result(), (),
+                                          self.binding)
+        return self.request
+
+    def wait(self):
+        """Wait for the call :meth:`start` started; return the result."""
+        if self.request is None:
+            raise ValueError("wait() before start(): call handle.start() first")
+        request, self.request = self.request, None
+        return request.wait()
+
+    def test(self) -> bool:
+        """Whether the call :meth:`start` started is complete."""
+        return self.request is None or self.request.test()
 
     def release(self):
         """Free the binding; a later call raises (the communicator is being freed)."""

@@ -121,6 +121,7 @@ class Binding:
                              settings.yield_mask)
         self.loop = run
         self.live = True
+        self.busy = 0  # started non-blocking calls that will run this binding
 
     def _compiled(self, inp, out, scratch):
         """The compiled loop for host arrays, or None where it does not apply: Numba or the

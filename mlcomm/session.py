@@ -12,7 +12,9 @@ exit. It holds:
   other session's by ``MLCOMM_CACHE_BYTES`` (default 256 MiB), least recently used first
   out; the host bindings of one plan share one scratch buffer;
 - repeat slots: calls seen before, so that a repeat skips checks and planning;
-- persistent handles, whose bindings are their own.
+- persistent handles, whose bindings are their own;
+- the progress thread that runs non-blocking calls (:mod:`mlcomm.progress`), started on
+  first use.
 
 Nothing here keeps a caller's host array alive: bindings hold addresses and slots hold
 weak references. (NumPy refuses ``ndarray.resize`` on an array that is weakly referenced;
@@ -34,6 +36,7 @@ from numpy import ndarray
 from .algorithms import resolve
 from .binding import Binding, buffer_key, settings_from_env
 from .plan import make_plan, plan_key
+from .progress import Progress
 
 __all__ = ["Session", "get", "Slot", "SLOTS", "slot_key", "remembers", "CACHE_BYTES",
            "cache_bytes", "cached_bytes"]
@@ -91,14 +94,13 @@ def _drop(key) -> None:
 
 
 def _evict_to(limit: int, keep) -> None:
-    while _bytes > limit and len(_CACHE) > 1:
-        oldest = next(iter(_CACHE))
-        if oldest == keep:
-            _CACHE.move_to_end(oldest)
-            if next(iter(_CACHE)) == keep:
-                return
-            continue
-        _drop(oldest)
+    """Drop least recently used bindings until the scratch fits ``limit``; never ``keep``
+    nor a binding that a started non-blocking call is about to run."""
+    for key in list(_CACHE):
+        if _bytes <= limit:
+            return
+        if key != keep and not _CACHE[key].binding.busy:
+            _drop(key)
 
 
 # --- repeat slots ------------------------------------------------------------------------------
@@ -147,6 +149,8 @@ class Slot:
 
     def __call__(self):
         """Run the bound call again; return what the public call returns."""
+        if self.session.progress is not None:
+            self.session.progress.drain()
         self.run()
         if self.finish is not None:
             self.finish()
@@ -190,6 +194,7 @@ class Session:
         self.choices: dict = {}
         self.handles = weakref.WeakSet()
         self.slots: set = set()
+        self.progress = None  # the progress thread, once a non-blocking call starts one
         self.freed = False
 
     # plans
@@ -249,6 +254,23 @@ class Session:
         """This session's cached bindings, least recently used first."""
         return [e.binding for e in _CACHE.values() if e.session is self]
 
+    # non-blocking calls
+    def start(self, run, finish=None, result=None, keep=(), binding=None):
+        """Start ``run`` on the progress thread, after every call started before it."""
+        from mpi4py import MPI as _MPI
+        if self.progress is None:
+            if _MPI.Query_thread() < _MPI.THREAD_MULTIPLE:
+                raise RuntimeError("non-blocking calls need MPI_THREAD_MULTIPLE (mpi4py's "
+                                   "default); this job initialised MPI with a lower level "
+                                   "(mpi4py.rc.thread_level or MPI_Init_thread)")
+            self.progress = Progress(f"mlcomm-progress-{self.rank}")
+        return self.progress.start(run, finish, result, keep, binding)
+
+    def wait_started(self):
+        """Wait for every started call (a blocking call's messages must not meet theirs)."""
+        if self.progress is not None:
+            self.progress.drain()
+
     # agreement
     def agree(self, value):
         """Rank 0's ``value`` on every rank (collective)."""
@@ -267,6 +289,9 @@ class Session:
 
     def free_bindings(self):
         """Free every binding and handle of this session (before MPI finalizes)."""
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
         for key in [k for k, e in _CACHE.items() if e.session is self]:
             _drop(key)
         for key in list(self.slots):

@@ -1,0 +1,121 @@
+"""Non-blocking collectives: one progress thread per communicator runs started calls in order.
+
+``mlcomm.iallreduce`` checks and binds its call in the caller's thread, as the blocking call
+does, then hands the bound run to its communicator's :class:`Progress` thread and returns a
+:class:`Request` at once. The thread runs the calls one after another, in the order they were
+started, each in the compiled loop without the GIL, so the caller's own Python and NumPy work
+goes on meanwhile; requests complete in that order. A blocking call on the same
+communicator first waits for the started ones (their messages must not meet its own).
+
+The thread is started on first use and stopped with the session. mpi4py initialises MPI
+with ``MPI_THREAD_MULTIPLE`` by default, which this needs: the caller's thread may plan
+(and agree on ``auto``'s choice) while the progress thread moves messages.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+__all__ = ["Request", "Progress"]
+
+
+class Request:
+    """A started collective: :meth:`wait` for its result, :meth:`test` whether it is done.
+
+    It keeps the call's buffers alive until it completes, as MPI's non-blocking calls need
+    them to stay.
+    """
+
+    __slots__ = ("_done", "_error", "_result", "_keep", "_run", "_finish", "_binding")
+
+    def __init__(self, run, finish, result, keep, binding):
+        self._done = threading.Event()
+        self._error = None
+        self._run, self._finish, self._result, self._keep = run, finish, result, keep
+        self._binding = binding
+
+    def test(self) -> bool:
+        """True once the collective is complete (then :meth:`wait` returns at once)."""
+        return self._done.is_set()
+
+    def wait(self):
+        """Wait until the collective is complete; return what the blocking call returns."""
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def _execute(self):
+        try:
+            value = self._run()
+            if value is not None:  # a run that makes its result (the device path)
+                self._result = value
+            if self._finish is not None:
+                self._finish()
+        except BaseException as exc:  # handed to wait(), on the caller's thread
+            self._error = exc
+        finally:
+            if self._binding is not None:
+                self._binding.busy -= 1
+            self._keep = self._run = self._finish = None
+            self._done.set()
+
+
+class Progress:
+    """The progress thread of one communicator (see the module docstring)."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._queue: deque = deque()
+        self._cond = threading.Condition()
+        self._thread = None
+        self._last = None  # the request started last
+        self._stopping = False
+
+    @property
+    def busy(self) -> bool:
+        """Whether a started request is not complete yet."""
+        last = self._last
+        return last is not None and not last._done.is_set()
+
+    def start(self, run, finish=None, result=None, keep=(), binding=None) -> Request:
+        """Start ``run()`` (then ``finish()``) after every request started before it."""
+        request = Request(run, finish, result, keep, binding)
+        if binding is not None:
+            binding.busy += 1
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name,
+                                                daemon=True)
+                self._thread.start()
+            self._queue.append(request)
+            self._last = request
+            self._cond.notify()
+        return request
+
+    def drain(self) -> None:
+        """Wait until every started request is complete."""
+        last = self._last
+        if last is not None:
+            last._done.wait()
+
+    def stop(self) -> None:
+        """Finish what was started, then end the thread."""
+        self.drain()
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        self._thread = None
+
+    def _loop(self):
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                request = self._queue.popleft()
+            request._execute()
