@@ -1,5 +1,6 @@
 from setuptools import setup
 
+TORCH = ["torch==2.13.0"]
 DOCS = ["sphinx>=7", "furo>=2024.1"]   # the test suite builds the docs too
 
 setup(
@@ -26,7 +27,10 @@ setup(
         "mpich": ["mpich>=4.1"],
         "cupy": ["cupy-cuda12x>=13"],
         "docs": DOCS,
-        "test": ["pytest>=7", "pytest-mpi>=0.6", "hypothesis>=6", *DOCS],
+        # the CPU build that installs from a file on the team's machines; an unpinned torch
+        # pulls several GB of CUDA packages
+        "torch": TORCH,
+        "test": ["pytest>=7", "pytest-mpi>=0.6", "hypothesis>=6", *DOCS, *TORCH],
     },
     entry_points={"console_scripts": ["mlcomm = mlcomm.cli:main"]},
 )

@@ -11,7 +11,7 @@ from functools import lru_cache, partial
 import numpy as np
 from mpi4py import MPI
 
-from . import device, gpu, kernels, staging
+from . import device, gpu, kernels, staging, tensors
 from .algorithms import AUTO, COLLECTIVES, MPI_NATIVE
 from .device import DeviceVector
 from .select import auto_choice, requested
@@ -45,6 +45,8 @@ def _array(buf, name, writable=False):
     if isinstance(buf, DeviceVector):  # already flat, contiguous and checked
         return buf
     arr = buf if isinstance(buf, np.ndarray) else None
+    if arr is None and tensors.is_tensor(buf):
+        arr = tensors.as_array(buf, name)
     if arr is None:
         try:
             arr = np.frombuffer(buf, dtype=np.dtype(memoryview(buf).format))
@@ -118,6 +120,10 @@ def _result(collective, out, sendbuf, recvbuf, rank, root):
         return None
     if collective in ("allreduce", "reduce", "bcast"):
         return _shaped(out, recvbuf if collective != "bcast" else sendbuf, sendbuf)
+    if recvbuf is not None and tensors.is_tensor(recvbuf):  # in place: the first block of it
+        return recvbuf if out.size == recvbuf.numel() else recvbuf.detach().view(-1)[:out.size]
+    if recvbuf is None and tensors.is_tensor(sendbuf):
+        return tensors.like(out, out)
     return out
 
 
@@ -352,9 +358,12 @@ def _no_output(dtype):
 
 
 def _shaped(result, given, like):
-    """The user's own output array when they gave one, else ``result`` shaped like ``like``."""
-    if type(given) is np.ndarray:
+    """The user's own output array (or tensor) when they gave one, else ``result`` shaped
+    like ``like`` (a tensor when ``like`` is one)."""
+    if type(given) is np.ndarray or given is not None and tensors.is_tensor(given):
         return given  # the result was written into its memory
+    if tensors.is_tensor(like):
+        return tensors.like(result, like)
     return result.reshape(np.shape(like)) if isinstance(like, np.ndarray) else result
 
 

@@ -88,10 +88,11 @@ class Binding:
     arrays, or device vectors (:class:`mlcomm.device.DeviceVector`) on a CUDA-aware MPI.
 
     ``scratch`` may be shared with other host bindings of the same plan (calls on one
-    communicator run one at a time); else the binding allocates its own.
+    communicator run one at a time); else the binding allocates its own. ``sent`` is the
+    int64 counter the transport adds every byte it sends to.
     """
 
-    def __init__(self, comm, plan, inp, out, settings: Settings, scratch=None):
+    def __init__(self, comm, plan, inp, out, settings: Settings, scratch=None, sent=None):
         self.plan, self.settings = plan, settings
         program = plan.program
         device = isinstance(out, DeviceVector)
@@ -108,7 +109,7 @@ class Binding:
             addresses = [_address(inp), _address(out), _address(scratch)]
             message = lambda t: (ctypes.c_char * t.nbytes).from_address(
                 addresses[t.buffer] + t.offset)
-        self.transport = PointToPoint(comm, program.transfers, message)
+        self.transport = PointToPoint(comm, program.transfers, message, sent)
         self.frame = None
         run = self._compiled(inp, out, scratch) if not device else None
         if run is None:

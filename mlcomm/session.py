@@ -31,6 +31,7 @@ import weakref
 from collections import OrderedDict
 
 from mpi4py import MPI
+import numpy as np
 from numpy import ndarray
 
 from .algorithms import resolve
@@ -195,6 +196,7 @@ class Session:
         self.handles = weakref.WeakSet()
         self.slots: set = set()
         self.progress = None  # the progress thread, once a non-blocking call starts one
+        self.sent = np.zeros(1, np.int64)  # bytes every transport of this session sent
         self.freed = False
 
     # plans
@@ -231,7 +233,7 @@ class Session:
         scratch_key = key if device else (id(self), plan.key)
         shared = _SCRATCH.get(scratch_key)
         scratch = None if shared is None else self._scratch[plan.key]
-        binding = Binding(self.comm, plan, inp, out, self.settings, scratch)
+        binding = Binding(self.comm, plan, inp, out, self.settings, scratch, self.sent)
         if shared is None:
             held = binding.nbytes + (inp.nbytes + out.nbytes if device else 0)
             _SCRATCH[scratch_key] = [held, 1]
@@ -248,7 +250,12 @@ class Session:
 
     def own_binding(self, plan, inp, out):
         """A binding outside the cache, with its own scratch (a persistent handle's)."""
-        return Binding(self.comm, plan, inp, out, self.settings)
+        return Binding(self.comm, plan, inp, out, self.settings, sent=self.sent)
+
+    def bytes_sent(self) -> int:
+        """Bytes mlcomm's own algorithms have sent on this communicator, counted by the
+        transports where messages are posted (the ``mpi`` algorithm's are MPI's own)."""
+        return int(self.sent[0])
 
     def bindings(self):
         """This session's cached bindings, least recently used first."""

@@ -61,8 +61,8 @@ def describe_error(code: int) -> str:
 
 # context words (int64) of a bound PointToPoint, read by the compiled start/test
 _REQ_BYTES, _REQS, _STATUSES, _STATUS_BYTES, _STARTALL, _TESTALL, _GET_COUNT, _BYTE = range(8)
-_FLAG, _FAULT, _FAULT_INDEX, _FAULT_VALUE, _COUNT = 8, 9, 10, 11, 12
-_EXPECT = 16  # then one word per transfer: the bytes a receive expects, -1 for a send
+_FLAG, _FAULT, _FAULT_INDEX, _FAULT_VALUE, _COUNT, _SENT = 8, 9, 10, 11, 12, 13
+_EXPECT = 16  # then one word per transfer: the bytes a receive expects; -(bytes + 1) a send
 _SIZE_MISMATCH, _MPI_ERROR = 1, 2
 
 
@@ -79,11 +79,15 @@ def _compiled_calls():
 
     @cfunc(sig, cache=True, nopython=True)
     def start(context, first, n):
-        ctx = carray(i64_array_at(context), _EXPECT)
+        ctx = carray(i64_array_at(context), _EXPECT + first + n)
         err = ccall2(ctx[_STARTALL], n, ctx[_REQS] + first * ctx[_REQ_BYTES])
         if err != 0:
             ctx[_FAULT], ctx[_FAULT_INDEX], ctx[_FAULT_VALUE] = _MPI_ERROR, first, err
             return FAULT
+        sent = carray(i64_array_at(ctx[_SENT]), 1)
+        for i in range(n):
+            if ctx[_EXPECT + first + i] < 0:
+                sent[0] -= ctx[_EXPECT + first + i] + 1
         return 0
 
     @cfunc(sig, cache=True, nopython=True)
@@ -119,10 +123,11 @@ class PointToPoint(Transport):
     """Persistent requests for a program's transfers on ``comm`` (see the module docstring).
 
     ``message(transfer)`` gives the buffer each request uses, as mpi4py takes it (an
-    ``MPI.buffer`` over host memory, or a device array on a CUDA-aware MPI).
+    ``MPI.buffer`` over host memory, or a device array on a CUDA-aware MPI). Every byte
+    sent is added to ``sent[0]`` (an int64 array a session shares among its transports).
     """
 
-    def __init__(self, comm, transfers, message):
+    def __init__(self, comm, transfers, message, sent=None):
         self.comm, self.transfers = comm, tuple(transfers)
         self.requests = [(comm.Recv_init if t.recv else comm.Send_init)(
             [message(t), MPI.BYTE], t.peer, _TAG) for t in self.transfers]
@@ -130,6 +135,8 @@ class PointToPoint(Transport):
         self.statuses = [MPI.Status() for _ in range(widest)]
         self._ranges = {}
         self._fault = None
+        self._ctx = None
+        self.sent = np.zeros(1, np.int64) if sent is None else sent
         self.compiled = self._context(widest)
 
     def _context(self, widest):
@@ -151,7 +158,8 @@ class PointToPoint(Transport):
         ctx = np.zeros(_EXPECT + len(self.transfers), np.int64)
         ctx[:8] = [req_bytes, _address(self._handles), _address(self._status_words),
                    status_bytes, *fns, MPI._handleof(MPI.BYTE)]
-        ctx[_EXPECT:] = [t.nbytes if t.recv else -1 for t in self.transfers]
+        ctx[_SENT] = _address(self.sent)
+        ctx[_EXPECT:] = [t.nbytes if t.recv else -t.nbytes - 1 for t in self.transfers]
         self._ctx = ctx
         return (_address(ctx), *calls)
 
@@ -167,6 +175,7 @@ class PointToPoint(Transport):
         except MPI.Exception as exc:
             self._fault = (_MPI_ERROR, first, exc.Get_error_code())
             return FAULT
+        self.sent[0] += sum(t.nbytes for t in self.transfers[first:first + n] if not t.recv)
         return 0
 
     def test(self, first, n):

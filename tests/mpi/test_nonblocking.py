@@ -100,3 +100,20 @@ def test_a_bad_call_raises_before_starting():
     with pytest.raises(ValueError, match="recvbuf has 3 elements"):
         mlcomm.iallreduce(np.ones(4), np.ones(3))
     agree(np.all(mlcomm.iallreduce(np.ones(4)).wait() == P))
+
+
+@pytest.mark.parametrize("name", ["ring", "naive", "recursive_doubling"])
+def test_the_transport_counts_the_bytes_it_sends(name):
+    """Counted where messages are posted, and equal to what the schedule sends."""
+    from mlcomm import session
+    from mlcomm.algorithms import ALGORITHMS
+    from mlcomm.schedule import Send
+    s = session.get(COMM)
+    x = np.ones(1001)
+    before = s.bytes_sent()
+    for _ in range(3):
+        mlcomm.allreduce(x, algorithm=name)
+    mlcomm.iallreduce(x, algorithm=name).wait()
+    schedule = ALGORITHMS[name].build(RANK, P, x.size, x.itemsize)
+    want = sum(t.region.count for _, t in schedule.transfers() if isinstance(t, Send)) * 8
+    agree(s.bytes_sent() - before == 4 * want, f"{s.bytes_sent() - before} != 4 x {want}")
