@@ -213,6 +213,9 @@ def _bind_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate
     else:
         if root:
             options = dict(options, root=root)
+        context = COLLECTIVES[collective][name].context
+        if context:
+            options = dict(options, **session.context(context))
         plan = session.plan(collective, name, count, out.dtype, opname, options, alias)
         binding = session.own_binding(plan, inp, out) if own else \
             session.bind(plan, inp, out)

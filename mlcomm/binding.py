@@ -25,8 +25,9 @@ from . import kernels
 from .device import DeviceVector
 from .frame import DONE, F_PC, FAULTED, STALLED, Frame, compiled_supports, op_code
 from .loop import HostMemory, PythonLoop, compiled_loop
-from .program import INPUT, OUTPUT, SCRATCH
+from .program import INPUT, OUTPUT, SCRATCH, SLOTS
 from .transport.mpi import PointToPoint, abort_job
+from .transport.shm import NodeSync
 
 __all__ = ["Settings", "Binding", "settings_from_env"]
 
@@ -92,10 +93,20 @@ class Binding:
     int64 counter the transport adds every byte it sends to.
     """
 
-    def __init__(self, comm, plan, inp, out, settings: Settings, scratch=None, sent=None):
+    def __init__(self, comm, plan, inp, out, settings: Settings, scratch=None, sent=None,
+                 window=None):
         self.plan, self.settings = plan, settings
         program = plan.program
         device = isinstance(out, DeviceVector)
+        if program.node_size:
+            if device:
+                raise TypeError(f"{plan.algorithm} runs on host buffers (the node's shared "
+                                f"window); pass host arrays, or a flat algorithm such as "
+                                f"'ring' for device arrays")
+            if window is None or program.slot_bytes > window.slot_bytes:
+                raise ValueError(f"{plan.describe()} needs {program.slot_bytes} bytes of the "
+                                 f"node window per rank; the window has "
+                                 f"{0 if window is None else window.slot_bytes}")
         if scratch is None:
             scratch = out.empty(program.counts[2]) if device else \
                 np.empty(program.counts[2], out.dtype)
@@ -105,32 +116,40 @@ class Binding:
         if device:
             buffers = {INPUT: inp, OUTPUT: out, SCRATCH: scratch}
             message = lambda t: buffers[t.buffer].bytes()[t.offset:t.offset + t.nbytes]
+            slots = []
         else:
-            addresses = [_address(inp), _address(out), _address(scratch)]
+            slots = window.slots[:program.node_size] if program.node_size else []
+            addresses = [_address(inp), _address(out), _address(scratch), *slots]
             message = lambda t: (ctypes.c_char * t.nbytes).from_address(
                 addresses[t.buffer] + t.offset)
         self.transport = PointToPoint(comm, program.transfers, message, sent)
+        self.transports = [self.transport]
+        if program.node_size:
+            node = plan.schedule.node
+            self.transports.append(NodeSync(window, program.syncs,
+                                            node.index(plan.schedule.rank), node))
         self.frame = None
-        run = self._compiled(inp, out, scratch) if not device else None
+        run = self._compiled(inp, out, scratch, slots, window) if not device else None
         if run is None:
             if device:
                 memory = DeviceMemory(buffers, plan.dtype, plan.op)
             else:
-                memory = HostMemory([_alias(_address(a), a.nbytes, a.dtype)
-                                     for a in (inp, out, scratch)], plan.dtype, plan.op)
-            run = PythonLoop(program, memory, [self.transport], settings.stall_seconds,
+                views = [_alias(_address(a), a.nbytes, a.dtype) for a in (inp, out, scratch)]
+                views += [_alias(a, window.slot_bytes, plan.dtype) for a in slots]
+                memory = HostMemory(views, plan.dtype, plan.op)
+            run = PythonLoop(program, memory, self.transports, settings.stall_seconds,
                              settings.yield_mask)
         self.loop = run
         self.live = True
         self.busy = 0  # started non-blocking calls that will run this binding
 
-    def _compiled(self, inp, out, scratch):
+    def _compiled(self, inp, out, scratch, slots, window):
         """The compiled loop for host arrays, or None where it does not apply: Numba or the
         MPI symbols missing, a dtype/op it has no loop for, partly overlapping op operands,
         misaligned arrays, or reductions large enough for the parallel kernels."""
         from .kernels.numba_backend import kernel_dtype, num_threads
         plan, settings = self.plan, self.settings
-        if not settings.compiled or self.transport.compiled is None:
+        if not settings.compiled or any(t.compiled is None for t in self.transports):
             return None
         if not compiled_supports(plan.dtype, plan.op) or plan.program.partial_overlap:
             return None
@@ -140,10 +159,13 @@ class Binding:
             return None
         kdt = kernel_dtype(plan.dtype, plan.op)
         frame = Frame(plan.program, op_code(plan.dtype, plan.op), kdt.itemsize,
-                      settings.stall_seconds, settings.yield_mask)
+                      settings.stall_seconds, settings.yield_mask, 3 + len(slots))
         for index, a in enumerate((inp, out, scratch)):
             frame.set_buffer(index, _address(a), a.nbytes)
-        frame.set_transport(0, self.transport.compiled)
+        for j, address in enumerate(slots):
+            frame.set_buffer(SLOTS + j, address, window.slot_bytes)
+        for index, transport in enumerate(self.transports):
+            frame.set_transport(index, transport.compiled)
         run = compiled_loop(frame, kdt)
         if run is not None:
             self.frame = frame
@@ -164,7 +186,8 @@ class Binding:
         what = self.plan.describe()
         reported = False
         while code == STALLED:
-            peers = self.transport.pending_peers(*self._waiting())
+            transport, first, n = self._waiting()
+            peers = self.transports[transport].pending_peers(first, n)
             if not reported:
                 seconds = self.settings.stall_seconds
                 message = (f"mlcomm: rank {self.settings.rank} has waited {seconds:g} s in "
@@ -179,19 +202,22 @@ class Binding:
         if reported:
             self._set_stall(self.settings.stall_seconds)
         if code == FAULTED:
-            abort_job(f"mlcomm: {what} on rank {self.settings.rank}: {self.transport.fault()}. "
+            faulted = self.frame.faulted_transport if self.frame is not None else \
+                self.loop.faulted_transport
+            abort_job(f"mlcomm: {what} on rank {self.settings.rank}: "
+                      f"{self.transports[faulted].fault()}. "
                       f"The ranks called it with different counts, dtypes or algorithms: "
                       f"pass validate=True (or set MLCOMM_VALIDATE=1) to compare the calls "
                       f"across ranks")
 
     def _waiting(self):
-        """The transfer range of the WAIT the loop stopped at."""
+        """``(transport, first, n)`` of the WAIT the loop stopped at."""
         if self.frame is not None:
             pc = int(self.frame.words[F_PC])
             row = self.plan.program.instructions[pc]
         else:
             row = (0, *self.loop.steps[self.loop.pc][1])
-        return int(row[2]), int(row[3])
+        return int(row[1]), int(row[2]), int(row[3])
 
     def _set_stall(self, seconds):
         if self.frame is not None:
@@ -201,7 +227,8 @@ class Binding:
 
     def free(self) -> None:
         if self.live:
-            self.transport.free()
+            for transport in self.transports:
+                transport.free()
             self.live = False
 
 

@@ -15,8 +15,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-__all__ = ["call0", "call2", "call3", "call4", "ccall0", "ccall2", "ccall3", "ccall4", "call0_f64",
-           "i64_array_at", "libc_address"]
+__all__ = ["call3", "ccall0", "ccall2", "ccall3", "ccall4", "call0_f64", "load_acquire",
+           "store_release", "i64_array_at", "libc_address"]
 
 _I32, _I64, _F64 = ir.IntType(32), ir.IntType(64), ir.DoubleType()
 
@@ -35,27 +35,9 @@ _W = types.int64
 
 
 @intrinsic
-def call0(typingctx, fn):
-    """``fn()`` returning a 64-bit integer."""
-    return _W(_W), _codegen(_I64, 0)
-
-
-@intrinsic
-def call2(typingctx, fn, a, b):
-    """``fn(a, b)`` returning a 64-bit integer."""
-    return _W(_W, _W, _W), _codegen(_I64, 2)
-
-
-@intrinsic
 def call3(typingctx, fn, a, b, c):
     """``fn(a, b, c)`` returning a 64-bit integer."""
     return _W(_W, _W, _W, _W), _codegen(_I64, 3)
-
-
-@intrinsic
-def call4(typingctx, fn, a, b, c, d):
-    """``fn(a, b, c, d)`` returning a 64-bit integer."""
-    return _W(_W, _W, _W, _W, _W), _codegen(_I64, 4)
 
 
 @intrinsic
@@ -86,6 +68,27 @@ def ccall4(typingctx, fn, a, b, c, d):
 def call0_f64(typingctx, fn):
     """``fn()`` returning a double."""
     return types.float64(_W), _codegen(_F64, 0)
+
+
+@intrinsic
+def load_acquire(typingctx, address):
+    """The int64 at ``address``, loaded with acquire ordering (what another process
+    released before it is visible after it)."""
+    def codegen(context, builder, sig, args):
+        ptr = builder.inttoptr(args[0], _I64.as_pointer())
+        return builder.load_atomic(ptr, "acquire", 8)
+    return _W(_W), codegen
+
+
+@intrinsic
+def store_release(typingctx, address, value):
+    """Store the int64 ``value`` at ``address`` with release ordering (every write before
+    it is visible to whoever loads it with acquire)."""
+    def codegen(context, builder, sig, args):
+        ptr = builder.inttoptr(args[0], _I64.as_pointer())
+        builder.store_atomic(args[1], ptr, "release", 8)
+        return context.get_dummy_value()
+    return types.none(_W, _W), codegen
 
 
 @intrinsic

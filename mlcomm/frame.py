@@ -20,9 +20,8 @@ DONE, STALLED, FAULTED = 0, 1, 2
 # frame words
 F_CODE, F_NCODE, F_OP, F_ITEM, F_PC, F_STALL_NS, F_YIELD_MASK, F_WTIME, F_YIELD, F_TRANSPORT = \
     range(10)
-F_BUFFERS = 16  # (address, bytes) per buffer id
-F_TRANSPORTS = 24  # (context, start, test) per transport id
-_FRAME_WORDS = 32
+F_TRANSPORTS = 16  # (context, start, test) per transport id, up to four
+F_BUFFERS = 28  # then (address, bytes) per buffer id
 #: codec offsets of the loop's op code: float16 and bfloat16 reduce on their uint16 bits
 _CODECS = {"f16": 16, "bf16": 32}
 
@@ -30,10 +29,10 @@ _CODECS = {"f16": 16, "bf16": 32}
 class Frame:
     """The int64 words the compiled loop runs on: one per binding (see the module docstring)."""
 
-    def __init__(self, program, op_code, itemsize, stall_seconds, yield_mask):
+    def __init__(self, program, op_code, itemsize, stall_seconds, yield_mask, buffers=3):
         from .cabi import libc_address
         from .libmpi import symbol
-        self.words = np.zeros(_FRAME_WORDS, np.int64)
+        self.words = np.zeros(F_BUFFERS + 2 * buffers, np.int64)
         self.program = program  # the code's memory lives as long as the frame
         w = self.words
         w[F_CODE] = program.code.__array_interface__["data"][0]

@@ -26,6 +26,24 @@ __all__ = ["entry"]
 
 _NAMES = op_names()
 
+#: the frame and instruction layout this loop reads. Numba's disk cache is keyed by this
+#: file alone, so a change to those constants elsewhere must change this line too (it is
+#: checked below) or stale machine code would read the wrong words.
+LAYOUT = ("F_CODE=0 F_NCODE=1 F_ITEM=3 F_PC=4 F_STALL_NS=5 F_YIELD_MASK=6 F_WTIME=7 "
+          "F_YIELD=8 F_TRANSPORT=9 F_TRANSPORTS=16 F_BUFFERS=28 WIDTH=8 START=1 WAIT=2 "
+          "COPY=3 REDUCE=4 REDUCE2=5 REDUCE3=6 DONE=0 STALLED=1 FAULTED=2")
+
+
+def _layout() -> str:
+    names = LAYOUT.split()
+    values = dict(globals())
+    return " ".join(f"{n.split('=')[0]}={values[n.split('=')[0]]}" for n in names)
+
+
+if _layout() != LAYOUT:  # pragma: no cover - a developer changed a constant
+    raise ImportError(f"mlcomm.hostloop.LAYOUT is {LAYOUT!r} but the constants are "
+                      f"{_layout()!r}: update LAYOUT (that also renews Numba's cache)")
+
 
 @intrinsic
 def _pointer_like(typingctx, address, array):

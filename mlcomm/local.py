@@ -6,6 +6,13 @@ reports deadlocks, mis-sized or out-of-bounds messages, hazards inside a step
 and reads of never-written output or scratch.  :func:`check_collective`
 proves a schedule exactly: each rank's contribution is tagged so that every
 output element must hold every expected contribution exactly once.
+
+The node window is modelled too: every rank owns a slot that only it writes and the
+ranks of its node read. Posts and awaits order those accesses; vector clocks check
+every one whatever the interleaving: a read of a slot element whose write no await has
+made visible, an overwrite of an element a peer may still be reading, a slot written
+before the first step's awaits, a window read after the rank's last post, unequal post
+counts within a node, or a slot of another node are all errors.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from collections import deque
 
 import numpy as np
 
-from .schedule import INPUT, OUTPUT, SCRATCH, Copy, Recv, Reduce, Send
+from .schedule import INPUT, OUTPUT, SCRATCH, Await, Copy, Post, Recv, Reduce, Send, slot_owner
 
 __all__ = ["ScheduleError", "run_local", "check_collective", "tagged_inputs"]
 
@@ -23,8 +30,18 @@ class ScheduleError(AssertionError):
     """A schedule is wrong: deadlock, mismatch, hazard, bad read or wrong result."""
 
 
+class _Slot:
+    """One rank's slot of its node's window: data, and who wrote and read what when."""
+
+    def __init__(self, owner, count, p, dtype, extra_shape):
+        self.owner = owner
+        self.data = np.zeros((count, *extra_shape), dtype)
+        self.written = np.full(count, -1)  # the owner's step of the last write, -1: never
+        self.read_at = np.full((count, p), -1)  # each reader's step of its last read
+
+
 class _Rank:
-    def __init__(self, schedule, inp, in_place, dtype, extra_shape):
+    def __init__(self, schedule, inp, in_place, dtype, extra_shape, p):
         self.schedule = schedule
         self.bufs = {INPUT: inp}
         out_shape = (schedule.output_count, *extra_shape)
@@ -36,11 +53,32 @@ class _Rank:
         self.alias = {INPUT: OUTPUT if in_place else INPUT, OUTPUT: OUTPUT, SCRATCH: SCRATCH}
         self.step = 0
         self.pending = 0
+        self.slots = {}  # owner rank -> _Slot, for every rank of this node
+        self.clock = np.full(p, -1)  # vector clock: the step of each rank seen through awaits
+        self.posts = []  # the clock published by each post
+        self.guarded = set()  # ranks awaited with count 0
+        self.last_window_read = -1
 
     def where(self, region):
         return f"rank {self.schedule.rank} step {self.step} {region}"
 
+    def _slot(self, region, writing):
+        owner = slot_owner(region.buffer)
+        me = self.schedule.rank
+        slot = self.slots.get(owner)
+        if slot is None:
+            raise ScheduleError(f"{self.where(region)}: rank {owner}'s slot is not in this "
+                                f"rank's node {self.schedule.node}")
+        if writing and owner != me:
+            raise ScheduleError(f"{self.where(region)}: writes another rank's slot")
+        if region.offset < 0 or region.stop > len(slot.data):
+            raise ScheduleError(f"{self.where(region)}: outside the slot of {len(slot.data)} "
+                                f"elements")
+        return slot
+
     def view(self, region, writing=False):
+        if slot_owner(region.buffer) is not None:
+            return self._slot(region, writing).data[region.offset:region.stop]
         buf = self.bufs[region.buffer]
         if region.offset < 0 or region.stop > len(buf):
             raise ScheduleError(f"{self.where(region)}: outside the {region.buffer} buffer "
@@ -51,12 +89,39 @@ class _Rank:
 
     def read(self, region):
         view = self.view(region)
+        owner = slot_owner(region.buffer)
+        if owner is not None:
+            slot, me = self.slots[owner], self.schedule.rank
+            when = slot.written[region.offset:region.stop]
+            if (when < 0).any():
+                raise ScheduleError(f"{self.where(region)}: reads slot elements never written "
+                                    f"in this collective")
+            if owner != me and (when > self.clock[owner]).any():
+                raise ScheduleError(f"{self.where(region)}: reads rank {owner}'s slot before an "
+                                    f"await has made its write visible")
+            slot.read_at[region.offset:region.stop, me] = self.step
+            self.last_window_read = self.step
+            return view
         mask = self.written[self.alias[region.buffer]] if region.buffer != INPUT else None
         if mask is not None and not mask[region.offset:region.stop].all():
             raise ScheduleError(f"{self.where(region)}: reads elements never written")
         return view
 
     def mark(self, region):
+        owner = slot_owner(region.buffer)
+        if owner is not None:
+            slot, me = self.slots[owner], self.schedule.rank
+            peers = [q for q in self.schedule.node if q != me]
+            if not self.guarded >= set(peers):
+                raise ScheduleError(f"{self.where(region)}: writes the slot before awaiting "
+                                    f"every node rank's previous collective (Await(q, 0))")
+            seen = slot.read_at[region.offset:region.stop]
+            for q in peers:
+                if (seen[:, q] > self.clock[q]).any():
+                    raise ScheduleError(f"{self.where(region)}: overwrites slot elements rank "
+                                        f"{q} may still be reading")
+            slot.written[region.offset:region.stop] = self.step
+            return
         mask = self.written[self.alias[region.buffer]]
         if mask is not None:
             mask[region.offset:region.stop] = True
@@ -64,7 +129,7 @@ class _Rank:
 
 def _check_hazards(rank, step):
     """Receives must not overlap each other or any send of the same step."""
-    phys = lambda r: (rank.alias[r.buffer], r.offset, r.stop)
+    phys = lambda r: (rank.alias.get(r.buffer, r.buffer), r.offset, r.stop)
     recvs = [phys(t.region) for t in step.transfers if isinstance(t, Recv) and t.region.count]
     sends = [phys(t.region) for t in step.transfers if isinstance(t, Send) and t.region.count]
     for i, (b, lo, hi) in enumerate(recvs):
@@ -72,6 +137,21 @@ def _check_hazards(rank, step):
             if b == b2 and lo < hi2 and lo2 < hi:
                 raise ScheduleError(f"rank {rank.schedule.rank} step {rank.step}: a receive into "
                                     f"{b}[{lo}:{hi}] overlaps another transfer of the same step")
+
+
+def _window(ranks, p, dtype, extra_shape):
+    """Give every rank of a node the slots of its node's ranks."""
+    for k in ranks:
+        node = k.schedule.node
+        if not node or k.slots:
+            continue
+        for q in node:
+            if not 0 <= q < p or tuple(ranks[q].schedule.node) != tuple(node):
+                raise ScheduleError(f"rank {k.schedule.rank}'s node {node} is not rank {q}'s")
+        width = max(ranks[q].schedule.slot_count for q in node)
+        slots = {q: _Slot(q, width, p, dtype, extra_shape) for q in node}
+        for q in node:
+            ranks[q].slots = slots
 
 
 def run_local(schedules, inputs, reduce=np.add, in_place=False):
@@ -82,10 +162,21 @@ def run_local(schedules, inputs, reduce=np.add, in_place=False):
     """
     p = len(schedules)
     first = np.asarray(inputs[0])
-    ranks = [_Rank(s, np.array(x, copy=True), in_place, first.dtype, first.shape[1:])
+    ranks = [_Rank(s, np.array(x, copy=True), in_place, first.dtype, first.shape[1:], p)
              for s, x in zip(schedules, inputs)]
+    _window(ranks, p, first.dtype, first.shape[1:])
     sends, recvs = {}, {}
+    awaiting = {}  # (peer, count) -> ranks waiting for that post
     ready = deque()
+
+    def done_one(rank_id):
+        ranks[rank_id].pending -= 1
+        if ranks[rank_id].pending == 0:
+            ready.append(rank_id)
+
+    def see(rank, peer, count):
+        """An await completed: what ``peer`` published with its post is visible now."""
+        np.maximum(rank.clock, ranks[peer].posts[count - 1], out=rank.clock)
 
     def post(r):
         rank = ranks[r]
@@ -93,10 +184,38 @@ def run_local(schedules, inputs, reduce=np.add, in_place=False):
             return
         step = rank.schedule.steps[rank.step]
         _check_hazards(rank, step)
-        rank.pending = len(step.transfers)
-        if not step.transfers:
-            ready.append(r)
+        rank.clock[r] = rank.step
+        node = rank.schedule.node
         for t in step.transfers:
+            if isinstance(t, Post):
+                if t.count != len(rank.posts) + 1:
+                    raise ScheduleError(f"rank {r} step {rank.step}: post {t.count}, expected "
+                                        f"{len(rank.posts) + 1}")
+                published = rank.clock.copy()
+                published[r] = rank.step - 1  # the writes of the steps before this one
+                rank.posts.append(published)
+                rank.last_post = rank.step
+        waits = [t for t in step.transfers if isinstance(t, Await)]
+        messages = [t for t in step.transfers if isinstance(t, (Send, Recv))]
+        rank.pending = len(waits) + len(messages) + 1  # + 1: this call's own completion
+        for t in step.transfers:  # wake the ranks that wait for this rank's new posts
+            if isinstance(t, Post):
+                for waiter in awaiting.pop((r, t.count), []):
+                    see(ranks[waiter], r, t.count)
+                    done_one(waiter)
+        for t in waits:
+            if t.peer not in node:
+                raise ScheduleError(f"rank {r} step {rank.step}: awaits rank {t.peer}, not of "
+                                    f"its node {node}")
+            if t.count == 0:
+                rank.guarded.add(t.peer)
+                rank.pending -= 1
+            elif len(ranks[t.peer].posts) >= t.count:
+                see(rank, t.peer, t.count)
+                rank.pending -= 1
+            else:
+                awaiting.setdefault((t.peer, t.count), []).append(r)
+        for t in messages:
             if not 0 <= t.peer < p or t.peer == r:
                 raise ScheduleError(f"rank {r} step {rank.step}: bad peer {t.peer}")
             key = (r, t.peer) if isinstance(t, Send) else (t.peer, r)
@@ -104,22 +223,22 @@ def run_local(schedules, inputs, reduce=np.add, in_place=False):
             waiting = theirs.get(key)
             if waiting:
                 other = waiting.popleft()
-                match(*((r, t, other[0], other[1]) if isinstance(t, Send) else (other[0], other[1], r, t)))
+                match(*((r, t, other[0], other[1]) if isinstance(t, Send)
+                        else (other[0], other[1], r, t)))
             else:
                 mine.setdefault(key, deque()).append((r, t))
+        done_one(r)
 
     def match(src, send, dst, recv):
         a, b = ranks[src], ranks[dst]
         if send.region.count != recv.region.count:
             raise ScheduleError(f"message rank {src} -> {dst}: sent {send.region.count} elements "
-                                f"({a.where(send.region)}) but receive posted for {recv.region.count} "
-                                f"({b.where(recv.region)})")
+                                f"({a.where(send.region)}) but receive posted for "
+                                f"{recv.region.count} ({b.where(recv.region)})")
         b.view(recv.region, writing=True)[...] = a.read(send.region)
         b.mark(recv.region)
-        for rank_id in (src, dst):
-            ranks[rank_id].pending -= 1
-            if ranks[rank_id].pending == 0:
-                ready.append(rank_id)
+        done_one(src)
+        done_one(dst)
 
     for r in range(p):
         post(r)
@@ -137,7 +256,8 @@ def run_local(schedules, inputs, reduce=np.add, in_place=False):
                 if op.src.count != op.dst.count:
                     raise ScheduleError(f"{rank.where(op.dst)}: copy of {op.src.count} elements")
                 dst = rank.view(op.dst, writing=True)
-                if not np.shares_memory(dst, src) or dst.__array_interface__ != src.__array_interface__:
+                if not np.shares_memory(dst, src) or \
+                        dst.__array_interface__ != src.__array_interface__:
                     dst[...] = src
             rank.mark(op.dst)
         rank.step += 1
@@ -148,6 +268,14 @@ def run_local(schedules, inputs, reduce=np.add, in_place=False):
                  f"{k.schedule.steps[k.step].transfers}" for k in stuck[:8]]
         raise ScheduleError("deadlock:\n" + "\n".join(lines))
     for k in ranks:
+        node = k.schedule.node
+        if node and len({len(ranks[q].posts) for q in node}) > 1:
+            raise ScheduleError(f"node {node}: ranks post {[len(ranks[q].posts) for q in node]} "
+                                f"times; every rank of a node must post equally often")
+        if k.last_window_read >= 0 and k.last_window_read >= getattr(k, "last_post", -1):
+            raise ScheduleError(f"rank {k.schedule.rank} reads the window at step "
+                                f"{k.last_window_read} after its last post: the next "
+                                f"collective could overwrite what it reads")
         mask = k.written[OUTPUT]
         if mask is not None and k.schedule.output_count and not mask.all():
             k.unwritten = int((~mask).sum())

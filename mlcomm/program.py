@@ -14,8 +14,11 @@ Instructions are :data:`WIDTH` words; offsets and lengths are in bytes::
     REDUCE2 dbuf doff abuf aoff - - len  d = a (op) d
     REDUCE3 dbuf doff sbuf soff abuf aoff len   d = a (op) s
 
-Buffers are :data:`INPUT` (read only), :data:`OUTPUT`, :data:`SCRATCH`. Each reduce kind
-has its own loop, so no loop reads and writes one array through two names.
+Buffers are :data:`INPUT` (read only), :data:`OUTPUT`, :data:`SCRATCH`, and from
+:data:`SLOTS` on the window slots of the node's ranks in local order. Each reduce kind has
+its own loop, so no loop reads and writes one array through two names. Transport
+:data:`MPI_P2P` moves messages (:class:`Transfer`); transport :data:`NODE` posts and awaits
+the node's window flags (:class:`Sync`).
 
 A transfer's START may move before the previous step's local ops when it touches nothing
 they write or read (:func:`_early_starts`): the ops then overlap the transfer. The layout's
@@ -30,19 +33,31 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .schedule import INPUT as _IN, OUTPUT as _OUT, SCRATCH as _SCR, Copy, Recv, Reduce, Schedule
+from .schedule import (INPUT as _IN, OUTPUT as _OUT, SCRATCH as _SCR, Await, Copy, Post, Recv,
+                       Reduce, Schedule, Send, slot_owner)
 
 __all__ = ["WIDTH", "START", "WAIT", "COPY", "REDUCE", "REDUCE2", "REDUCE3",
-           "INPUT", "OUTPUT", "SCRATCH", "BUFFER_IDS", "MPI_P2P",
-           "Transfer", "Program", "lower"]
+           "INPUT", "OUTPUT", "SCRATCH", "SLOTS", "BUFFER_IDS", "MPI_P2P", "NODE",
+           "Transfer", "Sync", "Program", "lower"]
 
 WIDTH = 8
 START, WAIT, COPY, REDUCE, REDUCE2, REDUCE3 = 1, 2, 3, 4, 5, 6
 INPUT, OUTPUT, SCRATCH = 0, 1, 2
+#: buffer id of local rank 0's window slot; local rank j's is SLOTS + j
+SLOTS = 3
 BUFFER_IDS = {_IN: INPUT, _OUT: OUTPUT, _SCR: SCRATCH}
-#: the transport id of point-to-point messages on the communicator
-MPI_P2P = 0
+#: transport ids: point-to-point messages on the communicator, and the node's window flags
+MPI_P2P, NODE = 0, 1
 _SPACE = 1 << 50  # bytes between buffers that do not share memory, in the overlap analysis
+
+
+class Sync(NamedTuple):
+    """One node synchronisation: a post of this rank's flag, or a wait for local rank
+    ``peer``'s (``count`` as in :class:`mlcomm.schedule.Post` and ``Await``)."""
+
+    post: bool
+    peer: int
+    count: int
 
 
 class Transfer(NamedTuple):
@@ -72,6 +87,12 @@ class Program:
     partial_overlap: bool
     #: the largest local reduction, in bytes
     largest_reduce: int
+    #: every node synchronisation, in the order START/WAIT ranges on :data:`NODE` index them
+    syncs: tuple = ()
+    #: ranks in the node whose window slots the program reads (0: none)
+    node_size: int = 0
+    #: bytes of this rank's window slot the program writes
+    slot_bytes: int = 0
 
     @property
     def instructions(self) -> np.ndarray:
@@ -87,32 +108,51 @@ class Program:
 
 def lower(schedule: Schedule, itemsize: int, alias: int | None = None) -> Program:
     """Lower ``schedule`` for elements of ``itemsize`` bytes; ``alias``: see :class:`Program`."""
-    base = {_OUT: 0, _IN: alias * itemsize if alias is not None else _SPACE,
-            _SCR: 2 * _SPACE}
-    where = lambda r: (base[r.buffer] + r.offset * itemsize, base[r.buffer] + r.stop * itemsize)
+    node = {rank: j for j, rank in enumerate(schedule.node)}
+
+    def buffer_id(name):
+        owner = slot_owner(name)
+        return BUFFER_IDS[name] if owner is None else SLOTS + node[owner]
+
+    # where each buffer starts in one address space, for the overlap analysis
+    base = {INPUT: alias * itemsize if alias is not None else _SPACE, OUTPUT: 0}
+
+    def where(r):
+        start = base.get(buffer_id(r.buffer), buffer_id(r.buffer) * _SPACE)
+        return start + r.offset * itemsize, start + r.stop * itemsize
+
     same = lambda r1, r2: where(r1) == where(r2)
-    transfers, ranges = [], []
+    ref = lambda r: (buffer_id(r.buffer), r.offset * itemsize)
+    transfers, syncs, ranges = [], [], []
     for step in schedule.steps:
-        first = len(transfers)
-        ordered = [t for t in step.transfers if isinstance(t, Recv)] + \
-                  [t for t in step.transfers if not isinstance(t, Recv)]
-        transfers += [Transfer(isinstance(t, Recv), t.peer, BUFFER_IDS[t.region.buffer],
+        messages = [t for t in step.transfers if isinstance(t, Recv)] + \
+                   [t for t in step.transfers if isinstance(t, Send)]
+        posts = [Sync(True, node[schedule.rank], t.count) for t in step.transfers
+                 if isinstance(t, Post)]
+        waits = [Sync(False, node[t.peer], t.count) for t in step.transfers
+                 if isinstance(t, Await)]
+        ranges.append(((len(transfers), len(messages)), (len(syncs), len(posts)),
+                       (len(syncs) + len(posts), len(waits))))
+        transfers += [Transfer(isinstance(t, Recv), t.peer, buffer_id(t.region.buffer),
                                t.region.offset * itemsize, t.region.count * itemsize)
-                      for t in ordered]
-        ranges.append((first, len(transfers) - first))
+                      for t in messages]
+        syncs += posts + waits
     early = _early_starts(schedule, where)
     code, partial, largest = [], False, 0
     for k, step in enumerate(schedule.steps):
-        first, n = ranges[k]
+        (first, n), posted, awaited = ranges[k]
         if n and not early[k]:
             code.append((START, MPI_P2P, first, n, 0, 0, 0, 0))
+        if posted[1]:
+            code.append((START, NODE, *posted, 0, 0, 0, 0))
         if n:
             code.append((WAIT, MPI_P2P, first, n, 0, 0, 0, 0))
+        if awaited[1]:
+            code.append((WAIT, NODE, *awaited, 0, 0, 0, 0))
         if k + 1 < len(ranges) and early[k + 1]:
-            code.append((START, MPI_P2P, *ranges[k + 1], 0, 0, 0, 0))
+            code.append((START, MPI_P2P, *ranges[k + 1][0], 0, 0, 0, 0))
         for op in step.ops:
             d = op.dst
-            ref = lambda r: (BUFFER_IDS[r.buffer], r.offset * itemsize)
             nbytes = d.count * itemsize
             if isinstance(op, Copy):
                 if not same(op.src, d):
@@ -133,7 +173,8 @@ def lower(schedule: Schedule, itemsize: int, alias: int | None = None) -> Progra
     words = np.array(code, dtype=np.int64).reshape(-1)
     words.flags.writeable = False
     counts = (schedule.input_count, schedule.output_count, schedule.scratch_count)
-    return Program(words, tuple(transfers), itemsize, counts, alias, partial, largest)
+    return Program(words, tuple(transfers), itemsize, counts, alias, partial, largest,
+                   tuple(syncs), len(schedule.node), schedule.slot_count * itemsize)
 
 
 def _meet(a, b) -> bool:
@@ -149,8 +190,9 @@ def _early_starts(schedule, where) -> list:
     steps = schedule.steps
     early = [False]
     for prev, step in zip(steps, steps[1:]):
-        if not prev.ops or not step.transfers:
-            early.append(False)
+        if not prev.ops or not step.transfers or any(
+                isinstance(t, (Post, Await)) for t in step.transfers):
+            early.append(False)  # a node post publishes the ops before it: never early
             continue
         written = [where(op.dst) for op in prev.ops]
         read = [where(r) for op in prev.ops
@@ -158,5 +200,5 @@ def _early_starts(schedule, where) -> list:
         early.append(not any(_meet(where(t.region), w) for t in step.transfers
                              if isinstance(t, Recv) for w in written + read)
                      and not any(_meet(where(t.region), w) for t in step.transfers
-                                 if not isinstance(t, Recv) for w in written))
+                                 if isinstance(t, Send) for w in written))
     return early

@@ -2,8 +2,16 @@
 
 A step posts all its transfers together, waits for all of them, then runs
 its local ops in order.  Regions name a buffer (``input`` is read only,
-``output``, ``scratch``), an element offset and an element count.
-Messages between one pair of ranks match in the order they are posted.
+``output``, ``scratch``, or ``slot:R``, rank R's slot of its node's shared window,
+which every rank of that node reads but only R writes), an element offset and an
+element count.  Messages between one pair of ranks match in the order they are posted.
+
+Node synchronisation orders a node's reads of a slot after its owner's writes:
+``Post(k)`` (this rank's k-th post in the collective) publishes every write of the
+steps before it; ``Await(peer, k)`` completes once ``peer`` has made k posts in this
+collective. ``Await(peer, 0)`` waits until ``peer`` has finished the previous
+collective on the window; a schedule's first step awaits every rank of the node so
+(itself included), and its last post comes after its last read of the window.
 """
 
 from __future__ import annotations
@@ -12,13 +20,24 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 __all__ = [
-    "INPUT", "OUTPUT", "SCRATCH", "BUFFERS",
-    "Region", "Send", "Recv", "Reduce", "Copy", "Step", "Schedule",
+    "INPUT", "OUTPUT", "SCRATCH", "BUFFERS", "slot", "slot_owner",
+    "Region", "Send", "Recv", "Post", "Await", "Reduce", "Copy", "Step", "Schedule",
     "Timeline", "chunk_bounds",
 ]
 
 INPUT, OUTPUT, SCRATCH = "input", "output", "scratch"
 BUFFERS = (INPUT, OUTPUT, SCRATCH)
+_SLOT = "slot:"
+
+
+def slot(rank: int) -> str:
+    """The buffer name of ``rank``'s slot of its node's window."""
+    return f"{_SLOT}{rank}"
+
+
+def slot_owner(buffer: str):
+    """The rank whose slot ``buffer`` is, or None for a rank's own buffers."""
+    return int(buffer[len(_SLOT):]) if buffer.startswith(_SLOT) else None
 
 
 # Immutable records are NamedTuples: a schedule at p = 1024 holds millions of them, and a
@@ -52,6 +71,20 @@ class Send(NamedTuple):
 class Recv(NamedTuple):
     peer: int
     region: Region
+
+
+class Post(NamedTuple):
+    """Publish this rank's writes so far to its node: its ``count``-th post (from 1)."""
+
+    count: int
+
+
+class Await(NamedTuple):
+    """Wait until ``peer``, a rank of this node, has made ``count`` posts in this collective
+    (0: until it has finished the previous collective on the window)."""
+
+    peer: int
+    count: int
 
 
 class Reduce(NamedTuple):
@@ -92,6 +125,10 @@ class Schedule:
     output_count: int
     scratch_count: int
     steps: list
+    #: the ranks of this rank's node in local order, when the schedule uses the window
+    node: tuple = ()
+    #: elements of this rank's window slot the schedule uses
+    slot_count: int = 0
 
     def transfers(self):
         """Yield ``(step_index, transfer)`` for every transfer."""
@@ -112,6 +149,8 @@ class Timeline:
         self.rank, self.size = rank, size
         self.slots: dict[int, Step] = {}
         self.scratch = 0
+        self.node: tuple = ()
+        self.slot = 0
         self.now = 0
 
     def _slot(self, t: int) -> Step:
@@ -127,6 +166,15 @@ class Timeline:
     def recv(self, t: int, peer: int, region: Region) -> None:
         if region.count and peer != self.rank:
             self._slot(t).transfers.append(Recv(peer, region))
+
+    def post(self, t: int, count: int) -> None:
+        self._slot(t).transfers.append(Post(count))
+
+    def wait(self, t: int, peer: int, count: int) -> None:
+        self._slot(t).transfers.append(Await(peer, count))
+
+    def need_slot(self, count: int) -> None:
+        self.slot = max(self.slot, count)
 
     def reduce(self, t: int, dst: Region, src: Region, left: Region | None = None) -> None:
         """``dst = left (op) src`` (``left`` defaults to ``dst``)."""
@@ -144,7 +192,7 @@ class Timeline:
         steps = [self.slots[t] for t in sorted(self.slots)
                  if self.slots[t].transfers or self.slots[t].ops]
         return Schedule(self.rank, self.size, input_count, output_count,
-                        self.scratch, steps)
+                        self.scratch, steps, self.node, self.slot)
 
 
 def chunk_bounds(count: int, parts: int) -> list[int]:

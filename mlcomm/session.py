@@ -184,10 +184,14 @@ class Session:
         self.comm = comm.Dup()
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        self.default_algorithm = _agreed_env_algorithm(self.comm)
-        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
-        local = node.Get_size()
-        node.Free()
+        real = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        local, leader = real.Get_size(), real.allreduce(self.rank, op=MPI.MIN)
+        real.Free()
+        agreed = _agreed_env(self.comm, leader)
+        self.default_algorithm, self.nodes, self.slot_bytes = agreed
+        #: the ranks of this rank's node, in local order
+        self.node = next(n for n in self.nodes if self.rank in n)
+        self._window = None
         self.settings = settings_from_env(self.rank, local > _cpus())
         self.plans: OrderedDict = OrderedDict()
         self._scratch = weakref.WeakValueDictionary()  # plan key -> its host bindings' scratch
@@ -233,7 +237,8 @@ class Session:
         scratch_key = key if device else (id(self), plan.key)
         shared = _SCRATCH.get(scratch_key)
         scratch = None if shared is None else self._scratch[plan.key]
-        binding = Binding(self.comm, plan, inp, out, self.settings, scratch, self.sent)
+        binding = Binding(self.comm, plan, inp, out, self.settings, scratch, self.sent,
+                          self.window() if plan.program.node_size else None)
         if shared is None:
             held = binding.nbytes + (inp.nbytes + out.nbytes if device else 0)
             _SCRATCH[scratch_key] = [held, 1]
@@ -250,7 +255,21 @@ class Session:
 
     def own_binding(self, plan, inp, out):
         """A binding outside the cache, with its own scratch (a persistent handle's)."""
-        return Binding(self.comm, plan, inp, out, self.settings, sent=self.sent)
+        return Binding(self.comm, plan, inp, out, self.settings, sent=self.sent,
+                       window=self.window() if plan.program.node_size else None)
+
+    def context(self, names) -> dict:
+        """The options this session supplies to a node-aware algorithm (``Algorithm.context``)."""
+        values = {"nodes": self.nodes, "slot_bytes": self.slot_bytes}
+        return {name: values[name] for name in names}
+
+    def window(self):
+        """The node's shared window (collective over the communicator on first use)."""
+        if self._window is None:
+            from .transport.shm import NodeWindow
+            node = self.comm.Split(self.nodes.index(self.node), self.rank)
+            self._window = NodeWindow(node, self.slot_bytes)
+        return self._window
 
     def bytes_sent(self) -> int:
         """Bytes mlcomm's own algorithms have sent on this communicator, counted by the
@@ -314,6 +333,10 @@ class Session:
         self.plans.clear()
         self.freed = True
         if not MPI.Is_finalized():
+            if self._window is not None:
+                node = self._window.node
+                self._window.free()
+                node.Free()
             self.comm.Free()
 
 
@@ -324,19 +347,49 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _agreed_env_algorithm(comm):
-    """``MLCOMM_ALGORITHM`` (None when unset), the same on every rank or a ValueError that
-    names the ranks that differ, raised on every rank."""
-    mine = os.environ.get("MLCOMM_ALGORITHM", "").strip() or None
-    everyone = comm.allgather(mine)
-    differ = [r for r, v in enumerate(everyone) if v != everyone[0]]
-    if differ:
-        shown = ", ".join(f"rank {r}: {everyone[r]!r}" for r in [0] + differ[:7])
-        raise ValueError(f"MLCOMM_ALGORITHM differs across ranks ({shown}); set the same "
-                         f"value on every rank, or unset it")
-    if everyone[0] is not None:
-        resolve(everyone[0])  # an unknown name fails on every rank alike
-    return everyone[0]
+def _agreed_env(comm, leader):
+    """``(MLCOMM_ALGORITHM, nodes, slot bytes)``, agreed across the ranks in one allgather.
+
+    ``leader`` is the lowest rank on this rank's machine. ``MLCOMM_RANKS_PER_NODE=k`` makes
+    nodes of k consecutive ranks (which must share a machine); otherwise a node is a
+    machine. ``MLCOMM_SHM_BYTES`` sizes each rank's window slot. Each variable must be the
+    same on every rank; a ValueError naming the ranks that differ is raised on every rank.
+    """
+    from .algorithms.shared_memory import DEFAULT_SLOT_BYTES
+    names = ("MLCOMM_ALGORITHM", "MLCOMM_RANKS_PER_NODE", "MLCOMM_SHM_BYTES")
+    mine = tuple(os.environ.get(n, "").strip() or None for n in names)
+    everyone = comm.allgather((mine, leader))
+    for i, name in enumerate(names):
+        values = [e[0][i] for e in everyone]
+        differ = [r for r, v in enumerate(values) if v != values[0]]
+        if differ:
+            shown = ", ".join(f"rank {r}: {values[r]!r}" for r in [0] + differ[:7])
+            raise ValueError(f"{name} differs across ranks ({shown}); set the same value on "
+                             f"every rank, or unset it")
+    algorithm, per_node, slot_bytes = everyone[0][0]
+    if algorithm is not None:
+        resolve(algorithm)  # an unknown name fails on every rank alike
+    machines = [e[1] for e in everyone]
+    size = len(machines)
+    if per_node is None:
+        nodes = [tuple(r for r in range(size) if machines[r] == m) for m in sorted(set(machines))]
+    else:
+        k = _positive("MLCOMM_RANKS_PER_NODE", per_node)
+        nodes = [tuple(range(a, min(a + k, size))) for a in range(0, size, k)]
+        for node in nodes:
+            if len({machines[r] for r in node}) > 1:
+                raise ValueError(f"MLCOMM_RANKS_PER_NODE={k} puts ranks {list(node)} in one "
+                                 f"node, but they run on different machines; use a divisor "
+                                 f"of the ranks per machine")
+    slot = DEFAULT_SLOT_BYTES if slot_bytes is None else _positive("MLCOMM_SHM_BYTES",
+                                                                    slot_bytes)
+    return algorithm, tuple(nodes), -(-slot // 64) * 64
+
+
+def _positive(name, raw) -> int:
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{name}={raw!r}: give a positive whole number")
+    return int(raw)
 
 
 def _delete(comm, keyval, session):

@@ -24,6 +24,9 @@ class Algorithm:
     cost: Callable
     options: dict = field(default_factory=dict)
     aliases: tuple = ()
+    #: options the communicator's session supplies (its node layout, its window's slot
+    #: size), not the caller
+    context: tuple = ()
 
     @property
     def __doc__(self):  # noqa: D105 - help(ALGORITHMS[name]) shows the algorithm's own doc
@@ -36,9 +39,9 @@ COLLECTIVES: dict[str, dict[str, Algorithm]] = {
 ALGORITHMS = COLLECTIVES["allreduce"]
 
 
-def register(name, collective, build, cost, options=None, aliases=(), doc=None):
+def register(name, collective, build, cost, options=None, aliases=(), doc=None, context=()):
     """Add an algorithm to its collective's registry and return it."""
     algo = Algorithm(name, collective, " ".join((doc or build.__doc__ or "").split()),
-                     build, cost, dict(options or {}), tuple(aliases))
+                     build, cost, dict(options or {}), tuple(aliases), tuple(context))
     COLLECTIVES[collective][name] = algo
     return algo

@@ -25,8 +25,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from .train import TrainConfig
     d = TrainConfig()
     g = p.add_argument_group("data and model")
+    g.add_argument("--framework", default=d.framework, choices=("numpy", "torch"),
+                   help="numpy: hand-written backprop, every --sync mode; torch: PyTorch with "
+                        "mlcomm.torch.DistributedDataParallel (bsp) (default %(default)s)")
     g.add_argument("--data", default=d.data, help="digits (scikit-learn, offline) or synthetic")
-    g.add_argument("--model", default=d.model, help="softmax, mlp1 or mlp2 (default %(default)s)")
+    g.add_argument("--model", default=d.model,
+                   help="softmax, mlp (= mlp1), mlp1 or mlp2; cnn with --framework torch "
+                        "(default %(default)s)")
     g.add_argument("--hidden", type=_hidden, default=d.hidden, metavar="W[,W]",
                    help="hidden layer widths (default 128)")
     g.add_argument("--params", type=lambda s: int(float(s)), default=None, metavar="N",
@@ -50,7 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sync", default=d.sync, help="bsp, ssp, async or backup (default bsp)")
     g.add_argument("--algorithm", default=d.algorithm, help="mlcomm all-reduce algorithm for bsp")
     g.add_argument("--bucket-mb", type=float, default=d.bucket_mb,
-                   help="gradient fusion threshold in MiB (0: one all-reduce per tensor)")
+                   help="gradient fusion threshold in MiB (0: one all-reduce per tensor); "
+                        "torch: DDP's bucket_cap_mb")
     g.add_argument("--staleness", type=int, default=d.staleness, help="ssp bound s (0 = BSP)")
     g.add_argument("--backup-workers", type=int, default=d.backup_workers, metavar="B",
                    help="use the first P-B gradients of each step")
@@ -62,6 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="slow RANK by MS ms every step, or one random rank per step")
     g = p.add_argument_group("output and checkpoints")
     g.add_argument("--metrics", default=None, metavar="FILE", help="per-step metrics (.csv or .json)")
+    g.add_argument("--timeline", default=None, metavar="FILE.json",
+                   help="every rank's compute and communication spans as a Chrome trace "
+                        "(chrome://tracing, Perfetto), written by rank 0")
     g.add_argument("--eval-every", type=int, default=d.eval_every, metavar="N")
     g.add_argument("--checkpoint", default=None, metavar="PATH", help="checkpoint file (.npz)")
     g.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="N",

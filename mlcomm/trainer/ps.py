@@ -26,7 +26,6 @@ import time
 
 import numpy as np
 from mpi4py import MPI
-from mpi4py.util.dtlib import from_numpy_dtype
 
 from .compress import get_compressor
 from .sync import Mode, StepInfo, checkpoint_arrays, pack_header, recv_bytes, unpack_header
@@ -100,7 +99,8 @@ class AsyncPS(Mode):
         return int(self.replies[0, 1])  # server 0's clock at the last pull
 
     def final_step(self, step):
-        return self.comm.bcast(self.applied if self.rank == 0 else None, root=0)
+        applied = np.array([self.applied if self.rank == 0 else 0], np.int64)
+        return int(self.wire.bcast(applied, root=0)[0])
 
     # worker
 
@@ -238,7 +238,7 @@ class AsyncPS(Mode):
         mine = np.zeros(2 * self.k, np.int64)
         if self.is_worker:
             mine[:self.k], mine[self.k:] = self.pushes, self.pulls
-        sent = self.wire.allgather(mine, np.empty((self.size, 2 * self.k), np.int64))
+        sent = self.wire.allgather(mine).reshape(self.size, 2 * self.k)
         if self.is_worker:
             MPI.Request.Waitall(self.waiting + [q for q, _ in self.sends])
             self.waiting, self.sends = [], []
@@ -254,14 +254,11 @@ class AsyncPS(Mode):
                     self._pull_request(w, CONTINUE)
 
     def finish(self):
+        """Every rank gets every server's shard of the parameters and the velocity."""
         c = self.ctx
-        counts = np.diff(self.bounds)
-        cnt = np.concatenate([counts, np.zeros(self.workers, int)])
-        dsp = np.concatenate([self.bounds[:-1], np.zeros(self.workers, int)])
         for arr in (c.params, c.opt.velocity):
-            mine = (self._shard(arr, self.rank).copy() if self.rank < self.k
-                    else np.zeros(0, c.dtype))
-            self.wire.allgatherv(mine, [arr, cnt, dsp, from_numpy_dtype(arr.dtype)])
+            for s in range(self.k):
+                self.wire.bcast(self._shard(arr, s), root=s)
 
     def annotate(self, rows):
         """Each row covers the updates applied between the logger's pull for it and its next pull.

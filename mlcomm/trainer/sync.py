@@ -1,8 +1,9 @@
 """Synchronous gradient exchange (bsp, ssp, backup workers) and the base every mode shares.
 
 Every mode works on ``ctx.comm``, a duplicate of the user's communicator, so
-its point-to-point messages never meet the user's, and posts every message
-through ``ctx.wire``, which counts the bytes this rank sends.  A mode's
+its point-to-point messages never meet the user's, and sends every message
+through ``ctx.wire``: point-to-point messages there, collectives with mlcomm's
+own algorithms, whose transport counts the bytes this rank sends.  A mode's
 ``step(t)`` runs one training step on this rank and returns a :class:`StepInfo`.
 """
 
@@ -166,14 +167,17 @@ class BSP(Mode):
             # one persistent in-place sum per bucket, bound to its slice of buf once
             self.bucket_sums = [self.wire.allreduce_init(self.buf[lo:hi], self.algorithm)
                                 for lo, hi in self.buckets]
+        elif self.size > 1 and self.half_sum:
+            self.half = np.zeros(n, np.float16)
+            self.extras = np.zeros(2)                 # loss sum, stop flag
+            self.bucket_sums = [self.wire.allreduce_init(self.half, self.algorithm),
+                                self.wire.allreduce_init(self.extras)]
         self._warm_up()
 
     def _warm_up(self):
         """Build the all-reduce plans (and compile kernels) before the clock starts."""
-        for bucket_sum in self.bucket_sums:  # buf is zeros here: this only loads kernels
+        for bucket_sum in self.bucket_sums:  # the buffers are zeros here: this only loads kernels
             bucket_sum()
-        if self.size > 1 and self.half_sum:
-            self.wire.allreduce(np.zeros(self.buf.size, np.float16), self.algorithm)
 
     def step(self, t):
         c, info = self.ctx, StepInfo(step=t)
@@ -188,11 +192,12 @@ class BSP(Mode):
             for bucket_sum in self.bucket_sums:
                 bucket_sum()
         elif self.half_sum:
-            half = self.buf.astype(np.float16)
-            half[-2:] = 0
-            self.wire.allreduce(half, self.algorithm)
-            self.grad[...] = half[:-2]
-            self.buf[-2:] = self.wire.mpi_allreduce(np.array([loss, flag]))
+            np.copyto(self.half, self.grad, casting="same_kind")
+            self.extras[:] = loss, flag
+            for bucket_sum in self.bucket_sums:
+                bucket_sum()
+            self.grad[...] = self.half
+            self.buf[-2:] = self.extras
         else:
             self._allgather_exchange(loss, flag)
         info.comm_s = time.perf_counter() - t0
@@ -203,19 +208,19 @@ class BSP(Mode):
         return info
 
     def _allgather_exchange(self, loss, flag):
-        """Exchange variable-size packed payloads with MPI_Allgatherv; sum them in rank order."""
+        """Allgather every rank's packed payload (with its loss and stop flag in front);
+        sum them in rank order. A compressor's payload has the same size on every rank."""
         payload = self.comp.compress(self.grad)
-        head = np.array([payload.size, loss, flag], np.float64)
-        heads = self.wire.allgather(head, np.empty((self.size, 3), np.float64))
-        counts = heads[:, 0].astype(np.int64)
-        displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        allbuf = np.empty(int(counts.sum()), np.uint8)
-        self.wire.allgatherv(payload, [allbuf, counts, displs, MPI.BYTE])
+        msg = np.empty(16 + payload.size, np.uint8)
+        msg[:16] = np.array([loss, flag]).view(np.uint8)
+        msg[16:] = payload
+        every = self.wire.allgather(msg).reshape(self.size, msg.size)
         self.grad[...] = 0
         for r in range(self.size):
-            self.comp.decompress_add(allbuf[displs[r]:displs[r] + counts[r]], self.grad)
-        self.buf[-2] = heads[:, 1].sum()
-        self.buf[-1] = heads[:, 2].sum()
+            self.comp.decompress_add(every[r, 16:], self.grad)
+        heads = np.ascontiguousarray(every[:, :16]).view(np.float64)
+        self.buf[-2] = heads[:, 0].sum()
+        self.buf[-1] = heads[:, 1].sum()
 
 
 class SSP(Mode):
@@ -235,7 +240,8 @@ class SSP(Mode):
         self.grad = np.zeros(ctx.model.size, ctx.dtype)
         self.pending = {}                  # (clock, source) -> payload, not yet applied
         self.sends = []                    # (request, buffer) in flight
-        self.flags = deque()               # (request, out, in) of stop-flag Iallreduces
+        self.flags = deque()               # (request, buffer) of stop-flag all-reduces
+        self.flag_bufs = [np.zeros(1, np.int32) for _ in range(self.s + 1)]
         self.staleness = {}                # clock -> staleness of this rank's update
         self.resume_at(0)
 
@@ -279,9 +285,9 @@ class SSP(Mode):
         loss, info.samples, info.compute_s = c.compute(t, c.params, self.grad, self.rank, self.size,
                                                        1.0 / c.global_batch)
         t0 = time.perf_counter()
-        flag = np.array([1 if c.stop_requested() else 0], np.int32)
-        out = np.zeros(1, np.int32)
-        self.flags.append((self.wire.mpi_iallreduce(flag, out, MPI.MAX), out, flag))
+        flag = self.flag_bufs[t % len(self.flag_bufs)]  # its request was waited for s clocks ago
+        flag[0] = 1 if c.stop_requested() else 0
+        self.flags.append((self.wire.iallreduce(flag, "max"), flag))
         if c.opt.weight_decay:  # each rank adds 1/P of the decay so the sum decays once
             self.grad += self.grad.dtype.type(c.opt.weight_decay / self.size) * c.params
         delta = c.opt.direction(self.grad)
@@ -298,9 +304,8 @@ class SSP(Mode):
         self._receive(block_until=t + 1 - self.s)
         self._apply(upto=t)
         if len(self.flags) > self.s:
-            req, out, _ = self.flags.popleft()
-            req.Wait()
-            info.stop = bool(out[0])
+            req, flag = self.flags.popleft()
+            info.stop = bool(req.wait()[0])
         info.comm_s = time.perf_counter() - t0
         info.loss = loss / max(1, info.samples)
         info.columns = _columns(self.size, c.global_batch)
@@ -309,12 +314,11 @@ class SSP(Mode):
 
     def _drain(self):
         """Receive and apply every update of every clock so far; finish the flag requests."""
-        clocks = self.comm.allreduce(self.clock, MPI.MAX)
+        clocks = int(self.wire.allreduce(np.array([self.clock], np.int64), op="max")[0])
         self._receive(block_until=clocks)
         self._apply(upto=clocks)
         while self.flags:
-            req, _, _ = self.flags.popleft()
-            req.Wait()
+            self.flags.popleft()[0].wait()
         MPI.Request.Waitall([q for q, _ in self.sends])
         self.sends = []
 
@@ -424,7 +428,7 @@ class Backup(Mode):
 
     def finish(self):
         """Workers report how many gradients they sent; rank 0 drains (and drops) the late ones."""
-        counts = self.comm.gather(self.sent, root=0)
+        counts = self.wire.allgather(np.array([self.sent], np.int64))
         if self.rank == 0:
             for src in range(1, self.size):
                 while self.got.get(src, 0) < counts[src]:
@@ -438,7 +442,7 @@ class Backup(Mode):
         self.wire.bcast(self.ctx.params, root=0)
 
     def final_step(self, step):
-        return self.comm.bcast(step, root=0)
+        return int(self.wire.bcast(np.array([step], np.int64), root=0)[0])
 
     def annotate(self, rows):
         """The gradients drained at the end were dropped in the last step."""

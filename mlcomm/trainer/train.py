@@ -22,18 +22,22 @@ from .models import build_model, hidden_for_params
 from .optim import SGD, scaled_lr
 from .ps import AsyncPS
 from .sync import BSP, SSP, Backup
+from .timeline import Timeline
 from .wire import Wire
 
 __all__ = ["TrainConfig", "TrainResult", "train", "validate"]
 
 MODES = {"bsp": BSP, "ssp": SSP, "async": AsyncPS, "backup": Backup}
 SYNC_MODES = tuple(MODES)
+FRAMEWORKS = ("numpy", "torch")
+NUMPY_MODELS = ("softmax", "mlp", "mlp1", "mlp2")
 
 
 @dataclass
 class TrainConfig:
     """Every option of ``mlcomm train`` (see ``mlcomm train --help``)."""
 
+    framework: str = "numpy"
     data: str = "digits"
     model: str = "mlp1"
     hidden: tuple = (128,)
@@ -58,6 +62,7 @@ class TrainConfig:
     compress: str = "none"
     straggler: str | None = None
     metrics: str | None = None
+    timeline: str | None = None        # Chrome-trace JSON of every rank's spans
     eval_every: int = 10
     checkpoint: str | None = None
     checkpoint_every: int = 0
@@ -159,9 +164,32 @@ def validate(cfg: TrainConfig, size: int) -> TrainConfig:
         raise ValueError("--params applies to --data synthetic")
     if cfg.params is not None and not 10 < cfg.params <= 2 * 10**8:
         raise ValueError(f"--params must be in (10, 2e8], got {cfg.params}")
-    if cfg.model not in ("softmax", "mlp", "mlp1", "mlp2"):
-        raise ValueError(f"--model: unknown model {cfg.model!r} (choose softmax, mlp1 or mlp2)")
+    if cfg.framework not in FRAMEWORKS:
+        raise ValueError(f"--framework: choose numpy or torch, not {cfg.framework!r}")
+    if cfg.framework == "torch":
+        _validate_torch(cfg)
+    elif cfg.model not in NUMPY_MODELS:
+        more = " (cnn needs --framework torch)" if cfg.model == "cnn" else ""
+        raise ValueError(f"--model: unknown model {cfg.model!r} (choose softmax, mlp1 or "
+                         f"mlp2){more}")
     return cfg
+
+
+def _validate_torch(cfg):
+    import importlib.util
+    if importlib.util.find_spec("torch") is None:
+        raise ValueError("--framework torch needs PyTorch: pip install 'mlcomm[torch]'")
+    from .torch_bsp import MODELS
+    if cfg.model not in MODELS:
+        raise ValueError(f"--model: unknown model {cfg.model!r} for --framework torch "
+                         f"(choose {', '.join(MODELS)})")
+    if cfg.model == "cnn" and cfg.data != "digits":
+        raise ValueError("--model cnn takes the 8x8 digits images: use --data digits")
+    if cfg.sync != "bsp" or cfg.compress != "none":
+        raise ValueError("--framework torch trains with DistributedDataParallel: "
+                         "--sync bsp and --compress none only")
+    if cfg.checkpoint:
+        raise ValueError("--checkpoint applies to --framework numpy")
 
 
 class _Context:
@@ -181,8 +209,13 @@ class _Context:
                 h = hidden_for_params(cfg.params, features, n_classes, layers)
                 hidden = (h, h)
         self.data = load(cfg.data, seed=cfg.seed, n_features=features, dtype=self.dtype)
-        self.model = build_model(cfg.model, self.data.n_features, self.data.n_classes,
-                                 hidden=hidden, dtype=self.dtype)
+        if cfg.framework == "torch":
+            from .torch_bsp import TorchModel
+            self.model = TorchModel(cfg.model, self.data.n_features, self.data.n_classes,
+                                    hidden=hidden, dtype=cfg.dtype, seed=cfg.seed)
+        else:
+            self.model = build_model(cfg.model, self.data.n_features, self.data.n_classes,
+                                     hidden=hidden, dtype=self.dtype)
         self.params = self.model.init(cfg.seed)
         self.opt = SGD(self.model.size, self.dtype, momentum=cfg.momentum,
                        weight_decay=cfg.weight_decay)
@@ -191,6 +224,8 @@ class _Context:
         self.global_batch = cfg.batch_size * self.workers
         self.straggler = _parse_straggler(cfg.straggler, self.size)
         self.wire = Wire(comm)
+        self.timeline = Timeline(self.rank) if cfg.timeline else None
+        self.computed_span = None    # (start, end) of the last gradient computation
         self.crash_at = int(os.environ.get("MLCOMM_TRAIN_CRASH_AT", -1))  # test hook: hard kill
         self.checkpoint = None       # checkpoint(step): a collective checkpoint, set by train
         self._stop = threading.Event()
@@ -224,7 +259,11 @@ class _Context:
         loss = self.model.loss_and_grad(params, self.data.x_train[idx], self.data.y_train[idx],
                                         grad, scale)
         self.straggle(step)
-        return loss, len(idx), time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self.computed_span = (t0, t1)
+        if self.timeline is not None:
+            self.timeline.add("gradient", t0, t1, "compute", step=step)
+        return loss, len(idx), t1 - t0
 
     def stop_requested(self) -> bool:
         return self._stop.is_set()
@@ -270,9 +309,27 @@ def _totals(rows):
             "staleness_max": max((r["staleness_max"] for r in rows), default=0)}
 
 
+def _mode(ctx):
+    if ctx.cfg.framework == "torch":
+        from .torch_bsp import TorchBSP
+        return TorchBSP(ctx)
+    return MODES[ctx.cfg.sync](ctx)
+
+
+def _exchange_spans(ctx, mode, start, end):
+    """A NumPy mode's step: the time outside its gradient computation is exchange."""
+    if ctx.timeline is None or getattr(mode, "records_timeline", False):
+        return
+    c0, c1 = ctx.computed_span if ctx.computed_span else (end, end)
+    for a, b in ((start, min(c0, end)), (max(c1, start), end)):
+        if b > a:
+            ctx.timeline.add("exchange", a, b, "communication")
+    ctx.computed_span = None
+
+
 def _train(cfg, comm):
     ctx = _Context(cfg, comm)
-    mode = MODES[cfg.sync](ctx)
+    mode = _mode(ctx)
     start = resume.load(ctx, mode) if cfg.resume else 0
     t = mode.resume_at(start)
     ctx.checkpoint = lambda step: resume.save(ctx, mode, step)
@@ -294,6 +351,8 @@ def _train(cfg, comm):
                    unit="step", dynamic_ncols=True)
     comm.Barrier()
     ctx.wire.reset()
+    if ctx.timeline is not None:
+        ctx.timeline.restart()
     t_start = time.perf_counter()
     try:
         if not mode.is_worker:
@@ -306,6 +365,7 @@ def _train(cfg, comm):
                     os.kill(os.getpid(), signal.SIGTERM)
                 t0 = time.perf_counter()
                 info = mode.step(t)
+                _exchange_spans(ctx, mode, t0, time.perf_counter())
                 sent = ctx.wire.take()
                 if not info.computed:
                     break
@@ -347,6 +407,8 @@ def _train(cfg, comm):
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     wall = comm.allreduce(time.perf_counter() - t_start, MPI.MAX)
+    if ctx.timeline is not None:
+        ctx.timeline.write(cfg.timeline, comm)
     if logger:
         acc = ctx.test_accuracy()
         if rows:
@@ -362,6 +424,8 @@ def _train(cfg, comm):
 
 
 def _mode_label(cfg):
+    if cfg.framework == "torch":
+        return "torch ddp"
     if cfg.sync == "ssp":
         return f"ssp s={cfg.staleness}"
     if cfg.sync == "backup":

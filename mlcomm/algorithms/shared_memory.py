@@ -1,0 +1,152 @@
+"""Shared-memory all-reduce for the ranks of one node, through each rank's window slot.
+
+Small vectors are written once and read by all: each rank copies its vector into its slot,
+one node barrier, then every rank reduces every slot in local-rank order (so every rank
+gets the same bits). Larger vectors go in chunks of at most half a slot: each chunk is
+reduce-scattered (local rank j reduces part j of every slot into its slot's result area)
+and all-gathered (every rank copies every part from its owner's result area), two
+barriers a chunk, the next chunk's copy into the other half of the slot overlapping this
+chunk's gather. A barrier is a post of this rank's node flag and an await of every other
+rank's; a last post says this rank has finished reading the window, which the next
+collective's first awaits check before it writes its slot again.
+"""
+
+from __future__ import annotations
+
+from ..schedule import INPUT, OUTPUT, Region, Timeline, chunk_bounds, slot
+from ._common import elements
+from ._registry import register
+
+__all__ = ["build", "cost", "node_of", "Barriers", "SMALL_BYTES", "DEFAULT_SLOT_BYTES"]
+
+#: vectors up to this many bytes take the write-once, read-by-all path
+SMALL_BYTES = 16 << 10
+#: each rank's window slot when the communicator does not say (``MLCOMM_SHM_BYTES``)
+DEFAULT_SLOT_BYTES = 4 << 20
+
+
+def node_of(rank: int, size: int, nodes) -> tuple:
+    """The ranks of ``rank``'s node in local order (every rank when ``nodes`` is None)."""
+    if nodes is None:
+        return tuple(range(size))
+    for node in nodes:
+        if rank in node:
+            return tuple(node)
+    raise ValueError(f"nodes={nodes!r} does not place rank {rank}")
+
+
+class Barriers:
+    """A rank's posts on its node flag in one collective, and the awaits that pair with them."""
+
+    def __init__(self, tl: Timeline, node: tuple):
+        self.tl, self.node, self.posts = tl, node, 0
+        tl.node = node
+
+    def begin(self, t: int) -> None:
+        """Wait until every rank of the node has finished the previous collective."""
+        for q in self.node:
+            self.tl.wait(t, q, 0)
+
+    def barrier(self, t: int) -> None:
+        """Publish this rank's writes so far and wait for every other rank's."""
+        self.posts += 1
+        self.tl.post(t, self.posts)
+        for q in self.node:
+            if q != self.tl.rank:
+                self.tl.wait(t, q, self.posts)
+
+    def end(self, t: int) -> None:
+        """Say that this rank has finished reading the window."""
+        self.posts += 1
+        self.tl.post(t, self.posts)
+
+
+def reduce_slots(tl, t, node, dst, at, count):
+    """``dst = slot[node[0]] ⊕ slot[node[1]] ⊕ …``, each at element ``at``, in local order."""
+    parts = [Region(slot(q), at, count) for q in node]
+    if len(parts) == 1:
+        tl.copy(t, dst, parts[0])
+    for k in range(1, len(parts)):
+        tl.reduce(t, dst, parts[k], left=parts[0] if k == 1 else None)
+
+
+def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES,
+          small_bytes=SMALL_BYTES, chunk_bytes=None):
+    """All-reduce through the node window: one barrier for small vectors, two per chunk for
+    large ones; every rank of ``nodes`` (default: all ranks) must be on one node.
+
+    ``small_bytes``: the largest vector written once and read by all; ``chunk_bytes``: the
+    largest chunk of the pipeline (default: half a slot, less the result area).
+    """
+    node = node_of(rank, size, nodes)
+    if len(node) != size:
+        raise ValueError(f"algorithm='shared_memory' needs every rank on one node; this "
+                         f"communicator spans {len(nodes)} nodes: use "
+                         f"algorithm='hierarchical'")
+    tl = Timeline(rank, size)
+    whole, mine = Region(OUTPUT, 0, count), Region(INPUT, 0, count)
+    if size == 1 or count == 0:
+        tl.copy(0, whole, mine)
+        return tl.schedule(count, count)
+    local = node.index(rank)
+    slot_elems = elements("slot_bytes", slot_bytes, itemsize)
+    sync = Barriers(tl, node)
+    sync.begin(0)
+    if count * itemsize <= elements("small_bytes", small_bytes, 1) and count <= slot_elems:
+        tl.need_slot(count)
+        tl.copy(0, Region(slot(rank), 0, count), mine)
+        sync.barrier(1)
+        reduce_slots(tl, 1, node, whole, 0, count)
+        sync.end(2)
+        return tl.schedule(count, count)
+    # a slot half holds a chunk and its result parts: chunk + ceil(chunk / L) <= slot / 2
+    L = len(node)
+    fits = (slot_elems // 2) * L // (L + 1)
+    chunk = min(fits, elements("chunk_bytes", chunk_bytes, itemsize) or fits)
+    if chunk < L:
+        raise ValueError(f"slot_bytes={slot_bytes} leaves chunks of {chunk} elements for "
+                         f"{L} ranks: give the window more bytes (MLCOMM_SHM_BYTES)")
+    half = slot_elems // 2
+    starts = list(range(0, count, chunk))
+    tl.need_slot((half if len(starts) > 1 else 0) + chunk + -(-chunk // L))
+    t = 0
+    for c, a in enumerate(starts):
+        m = min(chunk, count - a)
+        base = (c % 2) * half
+        parts = chunk_bounds(m, L)
+        if c == 0:  # later chunks are copied in during the previous gather
+            tl.copy(t, Region(slot(rank), base, m), Region(INPUT, a, m))
+        t += 1
+        sync.barrier(t)
+        lo, hi = parts[local], parts[local + 1]  # this rank's part, into its result area
+        reduce_slots(tl, t, node, Region(slot(rank), base + chunk, hi - lo), base + lo, hi - lo)
+        t += 1
+        sync.barrier(t)
+        for j, q in enumerate(node):
+            lo, hi = parts[j], parts[j + 1]
+            tl.copy(t, Region(OUTPUT, a + lo, hi - lo), Region(slot(q), base + chunk, hi - lo))
+        if c + 1 < len(starts):
+            nxt = starts[c + 1]
+            tl.copy(t, Region(slot(rank), ((c + 1) % 2) * half, min(chunk, count - nxt)),
+                    Region(INPUT, nxt, min(chunk, count - nxt)))
+    sync.end(t + 1)
+    return tl.schedule(count, count)
+
+
+def cost(p, nbytes, alpha, beta, gamma, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES,
+         small_bytes=SMALL_BYTES, chunk_bytes=None):
+    """A barrier costs about alpha/4 (flags in shared cache lines, no message), a copy
+    beta per byte, a reduction gamma per byte."""
+    if p == 1:
+        return nbytes * beta
+    sync = alpha / 4
+    if nbytes <= small_bytes:
+        return 2 * sync + nbytes * beta + (p - 1) * nbytes * gamma
+    chunk = max(1, min(slot_bytes // 2 * p // (p + 1), chunk_bytes or slot_bytes))
+    chunks = -(-nbytes // chunk)
+    return 2 * chunks * sync + 2 * nbytes * beta + (p - 1) / p * nbytes * gamma
+
+
+register("shared_memory", "allreduce", build, cost,
+         {"small_bytes": SMALL_BYTES, "chunk_bytes": None}, aliases=("shm",),
+         context=("nodes", "slot_bytes"))

@@ -1,0 +1,167 @@
+"""``--framework torch``: PyTorch models trained with :class:`mlcomm.torch.DistributedDataParallel`.
+
+The model's parameters live in one flat tensor (each parameter a view into it), so the
+trainer's ``params`` is a NumPy view of the live weights, as for the NumPy models. A step
+is PyTorch's own loop: forward on this rank's share of the global batch, backward (during
+which DDP all-reduces the gradient buckets), the optimizer step; the loss sum and the stop
+flag travel in one small non-blocking mlcomm all-reduce that overlaps the optimizer step.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import torch
+
+from ..torch import DistributedDataParallel
+from .data import batch_indices, shard
+from .sync import Mode, StepInfo, _columns
+
+__all__ = ["TorchModel", "TorchBSP", "MODELS"]
+
+MODELS = ("softmax", "mlp", "mlp1", "mlp2", "cnn")
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _cnn(n_classes):
+    """Two 3x3 convolutions (16 and 32 channels), a 2x2 max-pool, then 512-128-classes."""
+    nn = torch.nn
+    return nn.Sequential(
+        nn.Unflatten(1, (1, 8, 8)),
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+        nn.MaxPool2d(2), nn.Flatten(),
+        nn.Linear(32 * 4 * 4, 128), nn.ReLU(),
+        nn.Linear(128, n_classes))
+
+
+def _mlp(sizes):
+    nn = torch.nn
+    layers = []
+    for a, b in zip(sizes[:-1], sizes[1:]):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+class TorchModel:
+    """A PyTorch model whose parameters are views into one flat tensor."""
+
+    def __init__(self, name, n_features, n_classes, *, hidden=(128,), dtype="float32", seed=0):
+        if name == "cnn":
+            if n_features != 64:
+                raise ValueError(f"--model cnn takes 8x8 images (64 features), got {n_features}")
+            make = lambda: _cnn(n_classes)
+            self.name = "cnn"
+        else:
+            layers = {"softmax": 0, "mlp": 1, "mlp1": 1, "mlp2": 2}[name]
+            widths = list(hidden[:layers]) + [hidden[-1]] * (layers - len(hidden[:layers]))
+            self.sizes = [n_features, *widths, n_classes]
+            make = lambda: _mlp(self.sizes)
+            self.name = "softmax" if layers == 0 else f"mlp{layers}"
+        torch.manual_seed(seed)
+        self.module = make().to(_DTYPES[dtype])
+        params = list(self.module.parameters())
+        if name == "cnn":
+            self.sizes = [p.numel() for p in params]
+        with torch.no_grad():
+            self.flat = torch.cat([p.reshape(-1) for p in params])
+            offset = 0
+            for p in params:
+                p.data = self.flat[offset:offset + p.numel()].view_as(p)
+                offset += p.numel()
+        self.size = self.flat.numel()
+        self._inputs = {}
+
+    def init(self, seed):
+        """The live parameters as a flat NumPy view (initialised from ``seed`` on construction)."""
+        return self.flat.numpy()
+
+    def tensor(self, array):
+        """``array`` as a tensor sharing its memory (cached per array)."""
+        key = id(array)
+        if key not in self._inputs:
+            self._inputs[key] = (array, torch.from_numpy(array))
+        return self._inputs[key][1]
+
+    def accuracy(self, params, x, y):
+        """Test accuracy of the live model (``params`` is the live flat view)."""
+        was = self.module.training
+        self.module.eval()
+        with torch.no_grad():
+            pred = self.module(self.tensor(x)).argmax(dim=1).numpy()
+        self.module.train(was)
+        return float(np.mean(pred == y))
+
+
+def _threads(comm):
+    """Torch threads per rank: the cores shared out among this node's ranks."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    from mpi4py import MPI
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local = node.Get_size()
+    node.Free()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    torch.set_num_threads(max(1, (cores or 1) // local))
+
+
+class TorchBSP(Mode):
+    """Synchronous data parallelism with mlcomm's DDP wrapper: gradients average in backward."""
+
+    records_timeline = True
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        cfg, model = ctx.cfg, ctx.model
+        _threads(ctx.comm)
+        self.ddp = DistributedDataParallel(model.module, bucket_cap_mb=cfg.bucket_mb,
+                                           algorithm=cfg.algorithm, comm=ctx.comm,
+                                           timeline=ctx.timeline)
+        self.opt = torch.optim.SGD(model.module.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                                   weight_decay=cfg.weight_decay)
+        self.x = model.tensor(ctx.data.x_train)
+        self.y = model.tensor(ctx.data.y_train)
+        self.extras = np.zeros(2)   # this rank's loss sum and stop flag, summed over ranks
+        self.loss_fn = torch.nn.CrossEntropyLoss()
+        self._warm_up()
+
+    def _warm_up(self):
+        """Plan every bucket's all-reduce (and the extras') before the clock starts."""
+        idx = torch.arange(min(len(self.y), self.ctx.cfg.batch_size))
+        self.loss_fn(self.ddp(self.x[idx]), self.y[idx]).backward()
+        self.opt.zero_grad(set_to_none=False)
+        self.wire.iallreduce(self.extras).wait()
+
+    def step(self, t):
+        c, info = self.ctx, StepInfo(step=t)
+        t0 = time.perf_counter()
+        idx = torch.from_numpy(shard(batch_indices(len(c.data.y_train), c.global_batch, t,
+                                                   c.cfg.seed), self.rank, self.size))
+        c.straggle(t)
+        self.opt.zero_grad(set_to_none=False)
+        loss = self.loss_fn(self.ddp(self.x[idx]), self.y[idx])
+        loss.backward()                              # averages the gradients
+        t1 = time.perf_counter()
+        wait = self.ddp.last_backward["wait_s"]
+        self.extras[:] = float(loss.detach()) * len(idx), 1.0 if c.stop_requested() else 0.0
+        request = self.wire.iallreduce(self.extras)  # overlaps the optimizer step
+        for group in self.opt.param_groups:
+            group["lr"] = c.lr_at(t)
+        self.opt.step()
+        t2 = time.perf_counter()
+        extras = request.wait()
+        t3 = time.perf_counter()
+        if c.timeline is not None:
+            c.timeline.add("optimizer step", t1, t2, "compute")
+            c.timeline.add("all-reduce loss", t1, t3, "communication")
+            if t3 > t2:
+                c.timeline.add("wait for loss", t2, t3, "compute")
+        info.samples = len(idx)
+        info.compute_s = (t1 - t0 - wait) + (t2 - t1)
+        info.comm_s = wait + (t3 - t2)
+        info.loss = float(extras[0]) / c.global_batch
+        info.stop = bool(extras[1] > 0)
+        info.columns = _columns(1, c.global_batch)
+        return info

@@ -1,0 +1,168 @@
+"""The node's shared window, and the transport that synchronises on it.
+
+:class:`NodeWindow` is one ``MPI_Win_allocate_shared`` window per node communicator: every
+rank's segment holds its flag (a 64-bit counter in a cache line of its own) and its slot,
+which the rank writes and every rank of the node reads in place. Programs read and write
+slots with plain copies and reductions (the slots are buffers of the binding);
+:class:`NodeSync` is the transport of their node synchronisations (:class:`mlcomm.program.
+Sync`):
+
+- a post stores ``base + count`` into this rank's flag with release ordering;
+- a wait completes once the peer's flag, loaded with acquire ordering, reaches
+  ``base + count``. ``base`` is this rank's flag when its collective began, which a wait
+  with count 0 (the first step of every schedule that uses the window) records. Every rank
+  of a node posts equally often in a collective, so their bases agree.
+
+No MPI message is sent; a waiting loop polls and yields the CPU as for messages.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+from mpi4py import MPI
+
+from . import Transport
+
+__all__ = ["NodeWindow", "NodeSync", "WindowError", "CONTROL_BYTES"]
+
+#: bytes before each slot: the flag, alone in its cache lines
+CONTROL_BYTES = 128
+_BASE, _ME, _L = 0, 1, 2
+_FLAGS = 4  # then L flag addresses, then two words per sync: peer, count (post: count)
+
+
+class WindowError(RuntimeError):
+    """The node window could not be allocated."""
+
+
+class NodeWindow:
+    """``slot_bytes`` of shared memory per rank of ``node`` (a node communicator), plus its
+    flag. Collective over ``node``; every rank raises alike when any rank cannot allocate."""
+
+    def __init__(self, node, slot_bytes: int):
+        self.node, self.slot_bytes = node, slot_bytes
+        size = CONTROL_BYTES + slot_bytes
+        win, error = None, None
+        try:
+            win = MPI.Win.Allocate_shared(size, 1, comm=node)
+        except MPI.Exception as exc:
+            error = exc
+        failed = node.allgather(None if error is None else str(error))
+        if any(failed):
+            if win is not None:
+                win.Free()
+            bad = [r for r, e in enumerate(failed) if e]
+            raise WindowError(
+                f"mlcomm: cannot allocate the node's shared-memory window ({size} bytes per "
+                f"rank, {size * node.Get_size()} in all) on node ranks {bad}: "
+                f"{next(e for e in failed if e)}. Shared memory lives in /dev/shm: check "
+                f"its free space (df -h /dev/shm), set MLCOMM_SHM_BYTES lower, or choose "
+                f"an algorithm that does not use the window") from None
+        self.win = win
+        bases = [win.Shared_query(r)[0] for r in range(node.Get_size())]
+        self.segments = [MPI.buffer(b).address for b in bases]
+        self._keep = bases
+        #: the address of each local rank's flag and of its slot
+        self.flags = self.segments
+        self.slots = [a + CONTROL_BYTES for a in self.segments]
+        win.Fence()  # the zeroed flags are visible to every rank before any post
+
+    def slot_array(self, local: int, dtype) -> np.ndarray:
+        """Local rank ``local``'s slot as an array of ``dtype`` (the window keeps the memory)."""
+        import ctypes
+        raw = (ctypes.c_char * self.slot_bytes).from_address(self.slots[local])
+        return np.frombuffer(raw, dtype, self.slot_bytes // np.dtype(dtype).itemsize)
+
+    def flag_array(self, local: int) -> np.ndarray:
+        import ctypes
+        return np.frombuffer((ctypes.c_char * 8).from_address(self.flags[local]), np.int64)
+
+    def free(self) -> None:
+        if self.win is not None and not MPI.Is_finalized():
+            self.win.Free()
+        self.win = None
+
+
+@lru_cache(maxsize=None)
+def _compiled_calls():
+    """``(start, test)`` as C functions of ``(context, first, n)``; None without Numba."""
+    try:
+        from numba import carray, cfunc, types
+
+        from ..cabi import i64_array_at, load_acquire, store_release
+    except ImportError:  # pragma: no cover - numba is a dependency
+        return None
+    sig = types.int64(types.int64, types.int64, types.int64)
+
+    @cfunc(sig, cache=True, nopython=True)
+    def start(context, first, n):
+        head = carray(i64_array_at(context), _FLAGS)
+        ctx = carray(i64_array_at(context), _FLAGS + head[_L] + 2 * (first + n))
+        mine = ctx[_FLAGS + ctx[_ME]]
+        for i in range(first, first + n):
+            store_release(mine, ctx[_BASE] + ctx[_FLAGS + ctx[_L] + 2 * i + 1])
+        return 0
+
+    @cfunc(sig, cache=True, nopython=True)
+    def test(context, first, n):
+        head = carray(i64_array_at(context), _FLAGS)
+        ctx = carray(i64_array_at(context), _FLAGS + head[_L] + 2 * (first + n))
+        syncs = _FLAGS + ctx[_L]
+        for i in range(first, first + n):
+            if ctx[syncs + 2 * i + 1] == 0:  # the collective begins: this rank's base
+                ctx[_BASE] = load_acquire(ctx[_FLAGS + ctx[_ME]])
+        for i in range(first, first + n):
+            peer, count = ctx[syncs + 2 * i], ctx[syncs + 2 * i + 1]
+            if load_acquire(ctx[_FLAGS + peer]) < ctx[_BASE] + count:
+                return 0
+        return 1
+
+    return start.address, test.address
+
+
+class NodeSync(Transport):
+    """The node synchronisations of one program on ``window`` (see the module docstring).
+
+    ``local`` is this rank's index in the node, ``ranks`` the node's ranks in the
+    communicator (for stall reports).
+    """
+
+    def __init__(self, window: NodeWindow, syncs, local: int, ranks):
+        self.window, self.syncs, self.ranks = window, tuple(syncs), tuple(ranks)
+        nlocal = len(window.flags)
+        ctx = np.zeros(_FLAGS + nlocal + 2 * max(len(self.syncs), 1), np.int64)
+        ctx[_ME], ctx[_L] = local, nlocal
+        ctx[_FLAGS:_FLAGS + nlocal] = window.flags
+        for i, s in enumerate(self.syncs):
+            ctx[_FLAGS + nlocal + 2 * i:_FLAGS + nlocal + 2 * i + 2] = (s.peer, s.count)
+        self._ctx = ctx
+        self._flags = [window.flag_array(j) for j in range(nlocal)]
+        self._me = local
+        calls = _compiled_calls()
+        self.compiled = None if calls is None else (ctx.__array_interface__["data"][0], *calls)
+
+    def start(self, first, n):
+        mine = self._flags[self._me]
+        for s in self.syncs[first:first + n]:  # aligned 8-byte stores; x86 keeps their order
+            mine[0] = self._ctx[_BASE] + s.count
+        return 0
+
+    def test(self, first, n):
+        syncs = self.syncs[first:first + n]
+        if any(s.count == 0 for s in syncs):
+            self._ctx[_BASE] = self._flags[self._me][0]
+        base = self._ctx[_BASE]
+        return int(all(self._flags[s.peer][0] >= base + s.count for s in syncs))
+
+    def pending_peers(self, first, n):
+        base = self._ctx[_BASE]
+        return sorted({self.ranks[s.peer] for s in self.syncs[first:first + n]
+                       if self._flags[s.peer][0] < base + s.count})
+
+    def fault(self) -> str:
+        return "a node synchronisation failed"
+
+    def free(self) -> None:
+        self.compiled = None
