@@ -216,6 +216,9 @@ def _bind_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate
         context = COLLECTIVES[collective][name].context
         if context:
             options = dict(options, **session.context(context))
+        if options.get("inter") == "auto" or (name == "hierarchical" and "inter" not in options):
+            options["inter"] = _auto(session, collective, len(session.nodes),
+                                     -(-count // max(map(len, session.nodes))), out.dtype)
         plan = session.plan(collective, name, count, out.dtype, opname, options, alias)
         binding = session.own_binding(plan, inp, out) if own else \
             session.bind(plan, inp, out)
@@ -259,7 +262,7 @@ _OPTIONS_OK: set = set()
 
 def _auto(session, collective, p, count, dtype):
     """Rank 0's choice, agreed once per new shape so that every rank runs the same schedule."""
-    key = (collective, count, dtype.str)
+    key = (collective, p, count, dtype.str)
     name = session.choices.get(key)
     if name is None:
         mine = auto_choice(collective, p, count * dtype.itemsize, itemsize=dtype.itemsize) \

@@ -18,7 +18,7 @@ from .profile import DEFAULT_GAMMA, DEFAULT_OP_OVERHEAD, DEFAULT_STEP_OVERHEAD, 
 
 log = logging.getLogger("mlcomm")
 
-__all__ = ["requested", "auto_choice", "explain", "predict"]
+__all__ = ["requested", "auto_choice", "explain", "predict", "flat_algorithms"]
 
 
 def requested(algorithm, collective: str, default=None) -> str:
@@ -57,6 +57,11 @@ def _local_work(name: str, p: int, count: int, itemsize: int) -> tuple:
     return worst
 
 
+def flat_algorithms() -> list:
+    """The hand-written all-reduces that need no node layout."""
+    return [name for name, a in ALGORITHMS.items() if a.build is not None and not a.context]
+
+
 def predict(p: int, nbytes: int, *, profile=None, dtype=None, op=None,
             candidates=None, itemsize: int = 4) -> dict:
     """Predicted seconds of every candidate all-reduce.
@@ -68,7 +73,7 @@ def predict(p: int, nbytes: int, *, profile=None, dtype=None, op=None,
     if profile is None:
         profile = load_profile()
     gamma = profile.gamma_for(dtype, op)
-    names = candidates or [name for name, a in ALGORITHMS.items() if a.build is not None]
+    names = candidates or flat_algorithms()
     out = {}
     for name in names:
         algo = ALGORITHMS[resolve(name)]

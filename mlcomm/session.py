@@ -189,8 +189,9 @@ class Session:
         real.Free()
         agreed = _agreed_env(self.comm, leader)
         self.default_algorithm, self.nodes, self.slot_bytes = agreed
-        #: the ranks of this rank's node, in local order
+        #: the ranks of this rank's node, in local order, and their communicator
         self.node = next(n for n in self.nodes if self.rank in n)
+        self.node_comm = self.comm.Split(self.nodes.index(self.node), self.rank)
         self._window = None
         self.settings = settings_from_env(self.rank, local > _cpus())
         self.plans: OrderedDict = OrderedDict()
@@ -264,11 +265,11 @@ class Session:
         return {name: values[name] for name in names}
 
     def window(self):
-        """The node's shared window (collective over the communicator on first use)."""
+        """The node's shared window (collective over the node on first use, which every
+        rank of a node reaches in the same call: they run one plan)."""
         if self._window is None:
             from .transport.shm import NodeWindow
-            node = self.comm.Split(self.nodes.index(self.node), self.rank)
-            self._window = NodeWindow(node, self.slot_bytes)
+            self._window = NodeWindow(self.node_comm, self.slot_bytes)
         return self._window
 
     def bytes_sent(self) -> int:
@@ -334,9 +335,8 @@ class Session:
         self.freed = True
         if not MPI.Is_finalized():
             if self._window is not None:
-                node = self._window.node
                 self._window.free()
-                node.Free()
+            self.node_comm.Free()
             self.comm.Free()
 
 

@@ -87,6 +87,38 @@ def test_topk_error_feedback_accuracy_and_bytes(tmp_path):
     assert "OK compression" in proc.stdout, proc.stdout
 
 
+BYTES_BODY = """
+from mlcomm.algorithms import COLLECTIVES
+
+def sends(collective, name, count, itemsize):
+    schedule = COLLECTIVES[collective][name].build(rank, size, count, itemsize)
+    return itemsize * sum(t.region.count for step in schedule.steps for t in step.transfers
+                          if type(t).__name__ == "Send")
+
+# mlp1 64-16-10 in float64: W0, b0, W1, b1; backprop order b1, W1, b0, W0; the loss and the
+# stop flag ride in the first bucket
+tensors = [64 * 16, 16, 16 * 10, 10]
+cases = [("ring", 0.0, [10 + 2, 160, 16, 1024]), ("recursive_halving_doubling", 0.0,
+         [10 + 2, 160, 16, 1024]), ("ring", 64.0, [sum(tensors) + 2])]
+for name, bucket_mb, buckets in cases:
+    res = train(algorithm=name, bucket_mb=bucket_mb, **SMALL)
+    want = sum(sends("allreduce", name, n, 8) for n in buckets)
+    assert res.bytes_sent == SMALL["steps"] * want, (name, bucket_mb, res.bytes_sent, want)
+    assert rank or all(r["bytes_sent"] == want for r in res.metrics), (name, res.metrics)
+# top-k: one allgather of each rank's payload (121 uint16 indices and float32 values) and
+# its loss and flag (two float64)
+res = train(compress="topk:0.1", **SMALL)
+want = sends("allgather", "ring", 16 + 121 * (2 + 4), 1)
+assert res.bytes_sent == SMALL["steps"] * want, (res.bytes_sent, want)
+print(f"OK rank {rank} bytes")
+"""
+
+
+def test_counted_bytes_are_what_the_schedules_send(tmp_path):
+    proc = mpirun(3, [_script(tmp_path, BYTES_BODY)], timeout=60)
+    assert proc.stdout.count("OK rank") == 3, proc.stdout
+
+
 RESUME_BODY = """
 ckpts = sys.argv[1:]
 kw = dict(SMALL, steps=30, compress="topk:0.1")
@@ -326,7 +358,11 @@ cases = [(dict(sync="ssp", staleness=-1), "--staleness"),
          (dict(sync="async", servers=0), "--servers"),
          (dict(compress="zip:3"), "--compress"),
          (dict(compress="topk:0"), "--compress"),
-         (dict(algorithm="nope"), "--algorithm")]
+         (dict(algorithm="nope"), "--algorithm"),
+         (dict(framework="jax"), "--framework"),
+         (dict(model="cnn"), "cnn needs --framework torch"),
+         (dict(framework="torch", sync="ssp"), "--sync bsp"),
+         (dict(framework="torch", model="cnn", data="synthetic"), "--data digits")]
 for opts, word in cases:
     try:
         train(**opts)
@@ -341,7 +377,7 @@ for opts, word in cases:
 
 def test_bad_options_raise_before_communicating(tmp_path):
     proc = mpirun(3, [_script(tmp_path, BAD_BODY)], timeout=60)
-    assert proc.stdout.count("OK ") == 7, proc.stdout
+    assert proc.stdout.count("OK ") == 11, proc.stdout
     # the command line reports them as errors (exit 2), without a traceback
     proc = mpirun(2, ["-m", "mlcomm.cli", "train", "--backup-workers", "2"], check=False, timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
