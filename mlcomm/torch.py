@@ -7,8 +7,10 @@ Used as ``torch.nn.parallel.DistributedDataParallel`` is: wrap the model, train 
   registration order (the order backward produces them), and each parameter's ``.grad``
   is a view into its bucket's flat buffer (PyTorch's ``gradient_as_bucket_view``).
 - A post-accumulate-grad hook on every parameter counts the bucket's gradients; when a
-  bucket is complete its ``mlcomm.iallreduce`` (op ``avg``) starts at once, while backward
-  goes on computing the earlier layers. Buckets start in index order on every rank.
+  bucket is complete its non-blocking all-reduce (op ``avg``) starts at once, on mlcomm's
+  progress thread, while backward goes on computing the earlier layers. Each bucket's
+  all-reduce is a persistent handle (``mlcomm.allreduce_init``, bound to the bucket once)
+  whose ``start()`` returns the request. Buckets start in index order on every rank.
 - At the end of backward (an autograd engine callback) every bucket is waited for, so
   ``loss.backward()`` returns with averaged gradients, identical on every rank, and the
   optimizer step needs nothing extra.
@@ -26,8 +28,7 @@ import time
 
 import torch
 
-from .algorithms import resolve
-from .api import IN_PLACE, bcast, iallreduce
+from .api import IN_PLACE, allreduce_init, bcast
 
 __all__ = ["DistributedDataParallel"]
 
@@ -35,7 +36,7 @@ __all__ = ["DistributedDataParallel"]
 class _Bucket:
     """One flat gradient buffer and the parameters whose ``.grad`` are views into it."""
 
-    __slots__ = ("index", "params", "names", "buffer", "views", "pending", "request",
+    __slots__ = ("index", "params", "names", "buffer", "views", "pending", "handle", "request",
                  "queued", "by_hook")
 
     def __init__(self, index, params, names):
@@ -47,7 +48,7 @@ class _Bucket:
             self.views.append(self.buffer[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
         self.pending = len(params)
-        self.request = None
+        self.handle = self.request = None
         self.queued = 0.0
         self.by_hook = False
 
@@ -143,12 +144,9 @@ class DistributedDataParallel(torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
         if not bucket_cap_mb >= 0:
             raise ValueError(f"bucket_cap_mb must be >= 0, got {bucket_cap_mb!r}")
-        if algorithm is not None:
-            resolve(algorithm, "allreduce")  # an unknown name fails here, not in backward
         from mpi4py import MPI
         self.module = module
         self.comm = MPI.COMM_WORLD if comm is None else comm
-        self.algorithm, self.options = algorithm, options
         self.find_unused_parameters = find_unused_parameters
         self.overlap, self.broadcast_buffers = overlap, broadcast_buffers
         self.timeline = timeline
@@ -163,6 +161,8 @@ class DistributedDataParallel(torch.nn.Module):
         self.buckets = _buckets(named, bucket_cap_mb * 2**20)
         self._where = {}
         for bucket in self.buckets:
+            bucket.handle = allreduce_init(IN_PLACE, bucket.buffer, "avg", comm=self.comm,
+                                           algorithm=algorithm, **options)
             for p, view in zip(bucket.params, bucket.views):
                 if p.grad is not None:  # else it becomes the view at its first gradient
                     view.copy_(p.grad)
@@ -170,6 +170,9 @@ class DistributedDataParallel(torch.nn.Module):
                 self._where[p] = (bucket, view)
                 p.register_post_accumulate_grad_hook(self._ready)
         self._names = {p: n for n, p in named}
+        self._flags = torch.zeros(len(self._where), dtype=torch.int32)  # used, per parameter
+        self._used = allreduce_init(IN_PLACE, self._flags, comm=self.comm) \
+            if find_unused_parameters else None
         self._sync = True
         self._next = 0             # the next bucket to start
         self._active = False       # within a backward that all-reduces
@@ -284,8 +287,7 @@ class DistributedDataParallel(torch.nn.Module):
             bucket = self.buckets[self._next]
             bucket.queued = time.perf_counter()
             bucket.by_hook = by_hook
-            bucket.request = iallreduce(IN_PLACE, bucket.buffer, op="avg", comm=self.comm,
-                                        algorithm=self.algorithm, **self.options)
+            bucket.request = bucket.handle.start()
             if self.timeline is not None:
                 self._watcher().put((bucket.index, bucket.request, bucket.queued, bucket.nbytes,
                                      len(bucket.params)))
@@ -299,10 +301,9 @@ class DistributedDataParallel(torch.nn.Module):
             self._mark(p, zero=True)
         self._start_ready(by_hook=False)
         used = None
-        if self.find_unused_parameters:
-            flags = torch.tensor([0 if p in self._kept else 1 for p in self._where],
-                                 dtype=torch.int32)
-            used = iallreduce(IN_PLACE, flags, op="sum", comm=self.comm)
+        if self._used is not None:  # how many ranks used each parameter
+            self._flags.copy_(torch.tensor([p not in self._kept for p in self._where]))
+            used = self._used.start()
         t0 = time.perf_counter()
         error = None
         for bucket in self.buckets:
@@ -312,7 +313,7 @@ class DistributedDataParallel(torch.nn.Module):
                 error = error or exc
         if used is not None:
             used.wait()
-            for p, n in zip(self._where, flags.tolist()):
+            for p, n in zip(self._where, self._flags.tolist()):
                 if n == 0 and p in self._kept:  # no rank used it: as in one process
                     kept = self._kept[p]
                     if kept is None:
