@@ -240,8 +240,9 @@ class SSP(Mode):
         self.grad = np.zeros(ctx.model.size, ctx.dtype)
         self.pending = {}                  # (clock, source) -> payload, not yet applied
         self.sends = []                    # (request, buffer) in flight
-        self.flags = deque()               # (request, buffer) of stop-flag all-reduces
+        self.flags = deque()               # started stop-flag all-reduces, oldest first
         self.flag_bufs = [np.zeros(1, np.int32) for _ in range(self.s + 1)]
+        self.flag_max = [self.wire.allreduce_init(b, op="max") for b in self.flag_bufs]
         self.staleness = {}                # clock -> staleness of this rank's update
         self.resume_at(0)
 
@@ -285,9 +286,10 @@ class SSP(Mode):
         loss, info.samples, info.compute_s = c.compute(t, c.params, self.grad, self.rank, self.size,
                                                        1.0 / c.global_batch)
         t0 = time.perf_counter()
-        flag = self.flag_bufs[t % len(self.flag_bufs)]  # its request was waited for s clocks ago
-        flag[0] = 1 if c.stop_requested() else 0
-        self.flags.append((self.wire.iallreduce(flag, "max"), flag))
+        k = t % len(self.flag_bufs)  # its all-reduce was waited for s clocks ago
+        self.flag_bufs[k][0] = 1 if c.stop_requested() else 0
+        self.flag_max[k].start()
+        self.flags.append(self.flag_max[k])
         if c.opt.weight_decay:  # each rank adds 1/P of the decay so the sum decays once
             self.grad += self.grad.dtype.type(c.opt.weight_decay / self.size) * c.params
         delta = c.opt.direction(self.grad)
@@ -304,8 +306,7 @@ class SSP(Mode):
         self._receive(block_until=t + 1 - self.s)
         self._apply(upto=t)
         if len(self.flags) > self.s:
-            req, flag = self.flags.popleft()
-            info.stop = bool(req.wait()[0])
+            info.stop = bool(self.flags.popleft().wait()[0])
         info.comm_s = time.perf_counter() - t0
         info.loss = loss / max(1, info.samples)
         info.columns = _columns(self.size, c.global_batch)
@@ -318,7 +319,7 @@ class SSP(Mode):
         self._receive(block_until=clocks)
         self._apply(upto=clocks)
         while self.flags:
-            self.flags.popleft()[0].wait()
+            self.flags.popleft().wait()
         MPI.Request.Waitall([q for q, _ in self.sends])
         self.sends = []
 

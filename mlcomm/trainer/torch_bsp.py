@@ -124,6 +124,7 @@ class TorchBSP(Mode):
         self.x = model.tensor(ctx.data.x_train)
         self.y = model.tensor(ctx.data.y_train)
         self.extras = np.zeros(2)   # this rank's loss sum and stop flag, summed over ranks
+        self.extras_sum = self.wire.allreduce_init(self.extras)
         self.loss_fn = torch.nn.CrossEntropyLoss()
         self._warm_up()
 
@@ -132,7 +133,7 @@ class TorchBSP(Mode):
         idx = torch.arange(min(len(self.y), self.ctx.cfg.batch_size))
         self.loss_fn(self.ddp(self.x[idx]), self.y[idx]).backward()
         self.opt.zero_grad(set_to_none=False)
-        self.wire.iallreduce(self.extras).wait()
+        self.extras_sum()
 
     def step(self, t):
         c, info = self.ctx, StepInfo(step=t)
@@ -146,12 +147,12 @@ class TorchBSP(Mode):
         t1 = time.perf_counter()
         wait = self.ddp.last_backward["wait_s"]
         self.extras[:] = float(loss.detach()) * len(idx), 1.0 if c.stop_requested() else 0.0
-        request = self.wire.iallreduce(self.extras)  # overlaps the optimizer step
+        self.extras_sum.start()                      # overlaps the optimizer step
         for group in self.opt.param_groups:
             group["lr"] = c.lr_at(t)
         self.opt.step()
         t2 = time.perf_counter()
-        extras = request.wait()
+        extras = self.extras_sum.wait()
         t3 = time.perf_counter()
         if c.timeline is not None:
             c.timeline.add("optimizer step", t1, t2, "compute")

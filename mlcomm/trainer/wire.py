@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from ..api import IN_PLACE, allgather, allreduce, allreduce_init, bcast, iallreduce
+from ..api import IN_PLACE, allgather, allreduce, allreduce_init, bcast
 from ..session import get as session_of
 
 __all__ = ["Wire"]
@@ -63,17 +63,14 @@ class Wire:
 
     # collectives: mlcomm's, counted by its transport
 
-    def allreduce_init(self, buf: np.ndarray, algorithm: str | None = None):
-        """A persistent in-place mlcomm sum of ``buf``: each call sums what it holds then."""
-        return allreduce_init(IN_PLACE, buf, comm=self.comm, algorithm=algorithm)
+    def allreduce_init(self, buf: np.ndarray, algorithm: str | None = None, op="sum"):
+        """A persistent in-place mlcomm reduction of ``buf`` (default auto): each call, or
+        ``start()`` and ``wait()``, reduces what it holds then."""
+        return allreduce_init(IN_PLACE, buf, op, comm=self.comm, algorithm=algorithm)
 
     def allreduce(self, buf: np.ndarray, algorithm: str | None = None, op="sum") -> np.ndarray:
         """Reduce ``buf`` in place with mlcomm's ``algorithm`` (default auto)."""
         return allreduce(IN_PLACE, buf, op, comm=self.comm, algorithm=algorithm)
-
-    def iallreduce(self, buf: np.ndarray, op="sum", algorithm: str | None = None):
-        """Start reducing ``buf`` in place; return the request (its ``wait()`` gives ``buf``)."""
-        return iallreduce(IN_PLACE, buf, op, comm=self.comm, algorithm=algorithm)
 
     def allgather(self, buf: np.ndarray) -> np.ndarray:
         """Every rank's ``buf`` (the same size on every rank), rank by rank, in one array."""
