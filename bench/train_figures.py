@@ -1,8 +1,9 @@
 """Remake the trainer figures (run as an MPI job; rank 0 writes CSVs, JSON and PNGs).
 
-    mpiexec -n 4 python bench/train_figures.py                 # train, then plot both figures
+    mpiexec -n 4 python bench/train_figures.py                 # straggler and compression
     mpiexec -n 4 python bench/train_figures.py --only straggler
-    python bench/train_figures.py --plot-only                  # redraw from the committed CSVs
+    mpiexec -n 2 python bench/train_figures.py --only timeline
+    python bench/train_figures.py --plot-only                  # redraw from the committed files
 
 Figure 1 (bench/train_straggler.png, .csv): BSP, SSP (s=2), backup workers
 (b=1) and an asynchronous parameter server (K=1) on digits, each with and
@@ -13,7 +14,11 @@ the updates of one worker's batch).  A run's end is the job's wall time, the
 longest of every rank's, from the start barrier to the last rank leaving.
 
 Figure 2 (bench/train_compress.png, .csv): BSP with each compressor, test
-accuracy against cumulative bytes sent by rank 0.
+accuracy against cumulative bytes sent by rank 0, as mlcomm's transport counted them.
+
+Figure 3 (bench/train_timeline.png, .json): ``mlcomm train --framework torch --model cnn
+--timeline``: a few steps of every rank's compute and communication spans, drawn from the
+Chrome trace. The gradients travel in buckets of at most ``--timeline-bucket-mb`` MiB.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ COMPRESSORS = ["none", "fp16", "qsgd:16", "qsgd:4", "topk:0.1", "topk:0.01"]
 STRAGGLER_COLS = ["run", "mode", "straggler", "step", "wall_s", "loss", "test_accuracy",
                   "updates", "samples", "cum_samples", "staleness_mean", "staleness_max",
                   "dropped", "bytes_sent", "cum_bytes", "job_wall_s"]
+TIMELINE_STEPS = 40      # steps trained for the timeline; the figure shows the last few
+TIMELINE_SHOWN = 3
 COMPRESS_COLS = ["run", "step", "wall_s", "loss", "test_accuracy", "samples_per_s", "compute_s",
                  "comm_s", "bytes_sent", "cum_bytes"]
 
@@ -93,13 +100,14 @@ def _train_all(args):
     straggler = args.straggler or f"{size - 1}:30"
     common = dict(progress=False, eval_every=5, algorithm=args.algorithm)
     meta = {}
-    if rank == 0 and len(args.only) == 1:  # keep the other figure's record
+    if rank == 0:  # keep the record of the figures not remade
         try:
             with open(os.path.join(HERE, "train_figures.json")) as fh:
                 meta = json.load(fh)
         except (OSError, ValueError):
             pass
-    meta.update(ranks=size, steps=args.steps, algorithm=args.algorithm)
+    if {"straggler", "compress"} & set(args.only):
+        meta.update(ranks=size, steps=args.steps, algorithm=args.algorithm)
     if "straggler" in args.only:
         meta.update(straggler=straggler, runs={})
         strag = {}
@@ -129,6 +137,13 @@ def _train_all(args):
             comp[spec] = train(compress=spec, steps=args.steps, **common).metrics
         if rank == 0:
             _write(os.path.join(HERE, "train_compress.csv"), comp, COMPRESS_COLS)
+    if "timeline" in args.only:
+        res = train(framework="torch", model="cnn", steps=TIMELINE_STEPS, progress=False,
+                    bucket_mb=args.timeline_bucket_mb, algorithm=args.algorithm,
+                    timeline=os.path.join(HERE, "train_timeline.json"))
+        meta["timeline"] = {"ranks": size, "steps": TIMELINE_STEPS, "algorithm": args.algorithm,
+                            "bucket_mb": args.timeline_bucket_mb,
+                            "test_accuracy": res.test_accuracy}
     if rank == 0:
         with open(os.path.join(HERE, "train_figures.json"), "w") as fh:
             json.dump(meta, fh, indent=1)
@@ -228,6 +243,51 @@ def _plot_compress(meta):
               f"bytes={int(last['cum_bytes'])}")
 
 
+def _plot_timeline(meta):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    from mlcomm.trainer.timeline import read
+
+    spans = read(os.path.join(HERE, "train_timeline.json"))
+    forwards = sorted(s for name, s, _ in spans[0]["compute"] if name == "forward")
+    lo, hi = forwards[-TIMELINE_SHOWN - 1], forwards[-1]  # the last steps but one, whole
+    colors = {"forward": "#4c72b0", "backward": "#dd8452", "optimizer step": "#55a868",
+              "wait for all-reduces": "#bbbbbb", "wait for loss": "#dddddd",
+              "all-reduce loss": "#8172b3"}
+    buckets = sorted({name for r in spans.values() for name, _, _ in r["communication"]
+                      if name.startswith("all-reduce bucket")})
+    palette = ["#c44e52", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd"]
+    colors.update({name: palette[i % len(palette)] for i, name in enumerate(buckets)})
+    ranks = sorted(spans)
+    fig, ax = plt.subplots(figsize=(13, 1.4 + 0.9 * len(ranks)))
+    ticks, labels = [], []
+    for i, rank in enumerate(ranks):
+        for j, thread in enumerate(("compute", "communication")):
+            y = -(2 * i + j) - 0.3 * i
+            bars = [(s, e, name) for name, s, e in spans[rank][thread] if e > lo and s < hi]
+            ax.broken_barh([((s - lo) * 1e3, (e - s) * 1e3) for s, e, _ in bars], (y - 0.4, 0.8),
+                           facecolors=[colors.get(name, "#999999") for _, _, name in bars],
+                           edgecolor="black", linewidth=0.3)
+            ticks.append(y)
+            labels.append(f"rank {rank} {thread}")
+    ax.set_yticks(ticks, labels)
+    ax.set_xlim(0, (hi - lo) * 1e3)
+    ax.set_xlabel("time (ms)")
+    ax.grid(alpha=0.3, axis="x")
+    used = [name for name in colors if any(name == n for r in spans.values()
+                                           for t in r.values() for n, _, _ in t)]
+    ax.legend(handles=[Patch(facecolor=colors[n], edgecolor="black", lw=0.3, label=n)
+                       for n in used], fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    t = meta["timeline"]
+    ax.set_title(f"mlcomm train --framework torch --model cnn, P = {t['ranks']}: "
+                 f"{TIMELINE_SHOWN} steps; gradient buckets of <= {t['bucket_mb']:g} MiB "
+                 f"({t['algorithm']} all-reduce) start during backward", fontsize=10)
+    _save(fig, "train_timeline.png")
+
+
 def _plot(only):
     with open(os.path.join(HERE, "train_figures.json")) as fh:
         meta = json.load(fh)
@@ -235,22 +295,28 @@ def _plot(only):
         _plot_straggler(meta)
     if "compress" in only:
         _plot_compress(meta)
+    if "timeline" in only:
+        _plot_timeline(meta)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--plot-only", action="store_true", help="redraw from the CSVs, no training")
-    p.add_argument("--only", choices=("straggler", "compress"), action="append",
-                   help="train and draw only this figure (repeatable; default both)")
+    p.add_argument("--only", choices=("straggler", "compress", "timeline"), action="append",
+                   help="train and draw only this figure (repeatable; default straggler and "
+                        "compress)")
     p.add_argument("--steps", type=int, default=300,
                    help="synchronous steps; the other modes apply as many samples")
     p.add_argument("--straggler", default=None, metavar="SPEC",
                    help="mlcomm train --straggler for figure 1 (default: the last rank, 30 ms)")
     p.add_argument("--algorithm", default="ring")
+    p.add_argument("--timeline-bucket-mb", type=float, default=0.05, metavar="MB",
+                   help="the timeline's DDP bucket cap (default %(default)s)")
     from mlcomm.cli import parse_args
 
     args = parse_args(p, argv)
-    args.only = args.only or ["straggler", "compress"]
+    args.only = args.only or (["straggler", "compress", "timeline"] if args.plot_only
+                              else ["straggler", "compress"])
     if args.plot_only or _train_all(args):
         _plot(args.only)
     return 0

@@ -2,9 +2,10 @@
 
 The file is the Trace Event Format that chrome://tracing and Perfetto open, as Horovod's
 timeline is: complete events (``"ph": "X"``) with ``pid`` = rank, ``tid`` 0 for compute and
-1 for communication, ``ts`` and ``dur`` in microseconds from the job's start barrier, and
-metadata events naming each process and thread. Rank 0 gathers every rank's events and
-writes the file.
+1 for communication, ``ts`` and ``dur`` in microseconds on rank 0's clock from the start,
+and metadata events naming each process and thread. Each rank's clock is set against rank
+0's by ping-pong messages at the start (the round trip with the shortest time wins, as in
+NTP). Rank 0 gathers every rank's events and writes the file.
 """
 
 from __future__ import annotations
@@ -28,16 +29,18 @@ class Timeline:
         self._events: list = []
         self._lock = threading.Lock()  # spans come from the training and watcher threads
 
-    def restart(self) -> None:
-        """Drop every span and count time from now (call it after the start barrier)."""
+    def restart(self, comm, rounds: int = 8) -> None:
+        """Drop every span; count time from now on rank 0's clock (collective)."""
+        offset = _offset_to_rank0(comm, rounds)
+        start = comm.bcast(time.perf_counter() if comm.Get_rank() == 0 else None, root=0)
         with self._lock:
-            self.start = time.perf_counter()
+            self.start = start - offset  # rank 0's start, read on this rank's clock
             self._events = []
 
     def add(self, name: str, start: float, end: float, thread: str = "compute", **args) -> None:
         """Record the span ``[start, end]`` (perf_counter seconds) on ``thread``."""
         if start < self.start:
-            return  # before the start barrier: set-up, not training
+            return  # before the start: set-up, not training
         event = {"name": name, "cat": thread, "ph": "X", "pid": self.rank,
                  "tid": THREADS[thread], "ts": round((start - self.start) * 1e6, 3),
                  "dur": round(max(0.0, end - start) * 1e6, 3)}
@@ -72,6 +75,23 @@ class Timeline:
         with open(tmp, "w") as fh:
             json.dump({"traceEvents": trace, "displayTimeUnit": "ms"}, fh)
         os.replace(tmp, path)
+
+
+def _offset_to_rank0(comm, rounds):
+    """Rank 0's clock minus this rank's, from the ping-pong with the shortest round trip."""
+    rank, best = comm.Get_rank(), (float("inf"), 0.0)
+    for peer in range(1, comm.Get_size()):
+        for _ in range(rounds):
+            if rank == 0:
+                comm.recv(source=peer, tag=77)
+                comm.send(time.perf_counter(), dest=peer, tag=78)
+            elif rank == peer:
+                t1 = time.perf_counter()
+                comm.send(None, dest=0, tag=77)
+                t0 = comm.recv(source=0, tag=78)
+                t2 = time.perf_counter()
+                best = min(best, (t2 - t1, t0 - (t1 + t2) / 2))
+    return best[1]
 
 
 def read(path: str) -> dict:

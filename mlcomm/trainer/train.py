@@ -352,7 +352,7 @@ def _train(cfg, comm):
     comm.Barrier()
     ctx.wire.reset()
     if ctx.timeline is not None:
-        ctx.timeline.restart()
+        ctx.timeline.restart(comm)
     t_start = time.perf_counter()
     try:
         if not mode.is_worker:
