@@ -154,3 +154,33 @@ def test_freed_arrays_leave_at_most_the_cache_bound(tmp_path):
     """, {"MLCOMM_CACHE_BYTES": str(64 << 20)}, timeout=240)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert proc.stdout.count("grown") == 2
+
+
+def test_a_window_that_cannot_be_allocated_says_what_to_do(tmp_path):
+    proc, _ = _job(tmp_path, 2, """
+        try:
+            mlcomm.allreduce(np.ones(4), algorithm="shared_memory")
+        except Exception as exc:
+            print(f"rank {rank}: {type(exc).__name__}: {exc}", flush=True)
+    """, {"MLCOMM_SHM_BYTES": str(1 << 50)})
+    assert proc.returncode == 0, proc.stderr
+    for r in (0, 1):
+        assert f"rank {r}: WindowError: mlcomm: cannot allocate the node's shared-memory " \
+               f"window" in proc.stdout, proc.stdout
+    assert "/dev/shm" in proc.stdout and "MLCOMM_SHM_BYTES" in proc.stdout
+
+
+@pytest.mark.parametrize("name", ["shared_memory", "hierarchical"])
+def test_a_rank_killed_in_a_window_collective_ends_the_job(tmp_path, name):
+    """The others spin on window flags, sending no MPI message: the launcher still ends them."""
+    proc, secs = _job(tmp_path, 3, f"""
+        import signal
+        x = np.ones(1000)
+        mlcomm.allreduce(x, algorithm="{name}")
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        mlcomm.allreduce(x, algorithm="{name}")
+        print("returned", rank, flush=True)
+    """, {"MLCOMM_RANKS_PER_NODE": "3" if name == "shared_memory" else "2"}, timeout=60)
+    assert proc.returncode != 0 and "returned" not in proc.stdout
+    assert secs < 30

@@ -11,6 +11,7 @@ from mlcomm.local import ScheduleError, check_collective
 from mlcomm.schedule import Recv
 
 HAND_WRITTEN = sorted(name for name, a in ALGORITHMS.items() if a.build is not None)
+FLAT = [name for name in HAND_WRITTEN if not ALGORITHMS[name].context]
 PRIME = 101
 
 
@@ -119,3 +120,73 @@ def test_cost_tables_from_schedules(p, count):
         assert max(sent(rhd)) == 2 * (p - 1) * count // p
         rd = build_schedules("recursive_doubling", p, count)
         assert max(sent(rd)) == count * (p.bit_length() - 1)
+
+
+# --- the node window: shared_memory and hierarchical ------------------------------------------
+
+def _random_nodes(p, rng):
+    """Consecutive ranks cut into nodes of random sizes."""
+    cuts = sorted(rng.sample(range(1, p), rng.randint(0, min(p - 1, 12)))) if p > 1 else []
+    bounds = [0, *cuts, p]
+    return tuple(tuple(range(bounds[i], bounds[i + 1])) for i in range(len(bounds) - 1))
+
+
+@pytest.mark.parametrize("p", range(1, 65))
+def test_shared_memory_and_hierarchical_exact_with_random_nodes(p):
+    """Every p from 1 to 64; random node sizes; a window small enough to force several
+    chunks and rounds, and one that is not; both intra-node modes; several flat algorithms
+    across nodes; in place and out of place."""
+    import random
+    rng = random.Random(p)
+    for count in sorted({0, 1, p + 1, PRIME}):
+        slot_bytes = rng.choice((8 * 4 * (p + 1), 1 << 20))
+        check_collective(build_schedules("shared_memory", p, count, slot_bytes=slot_bytes,
+                                         small_bytes=8 * rng.choice((1, 64))),
+                         in_place=bool(count % 2))
+        inter = rng.choice(["ring", "recursive_doubling", "naive", "recursive_halving_doubling",
+                            "double_binary_tree"])
+        check_collective(build_schedules("hierarchical", p, count, nodes=_random_nodes(p, rng),
+                                         slot_bytes=slot_bytes, inter=inter,
+                                         intra=rng.choice(("shared_memory", "direct"))),
+                         in_place=bool(count % 3))
+
+
+def _schedules_without(name, p, count, drop):
+    """Every rank's schedule with the transfers ``drop(step_index, transfer)`` says removed."""
+    schedules = build_schedules(name, p, count)
+    for s in schedules:
+        s.steps = [type(st)([t for t in st.transfers if not drop(i, t)], st.ops)
+                   for i, st in enumerate(s.steps)]
+    return schedules
+
+
+def test_the_local_executor_finds_window_races():
+    from mlcomm.schedule import Await, Post
+    # no wait for the peers' posts: a slot is read before its owner's write is visible
+    with pytest.raises(ScheduleError, match="before an await has made its write visible"):
+        check_collective(_schedules_without("shared_memory", 3, 10,
+                                            lambda i, t: isinstance(t, Await) and t.count == 1))
+    # no wait for the previous collective: a slot is written before the guard
+    with pytest.raises(ScheduleError, match="before awaiting every node rank's previous"):
+        check_collective(_schedules_without("shared_memory", 3, 10,
+                                            lambda i, t: isinstance(t, Await) and t.count == 0))
+    # no last post: the window is read after this rank's last post
+    with pytest.raises(ScheduleError, match="after its last post"):
+        check_collective(_schedules_without("shared_memory", 3, 10,
+                                            lambda i, t: isinstance(t, Post) and t.count == 2))
+    # a slot overwritten while a peer may still read it: the chunked path without its
+    # second barrier's awaits
+    with pytest.raises(ScheduleError, match="may still be reading|visible"):
+        schedules = [ALGORITHMS["shared_memory"].build(r, 2, 64, 8, slot_bytes=8 * 24,
+                                                       small_bytes=8)
+                     for r in range(2)]
+        for s in schedules:
+            s.steps = [type(st)([t for t in st.transfers
+                                 if not (isinstance(t, Await) and t.count % 2 == 0 and t.count)],
+                                st.ops) for st in s.steps]
+        check_collective(schedules)
+
+
+def test_shared_memory_refuses_more_than_one_node():
+    with pytest.raises(ValueError, match="use algorithm='hierarchical'"):
+        ALGORITHMS["shared_memory"].build(0, 4, 10, 8, nodes=((0, 1), (2, 3)))

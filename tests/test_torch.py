@@ -1,11 +1,11 @@
 """mlcomm.torch.DistributedDataParallel and ``mlcomm train --framework torch``, as mpiexec jobs."""
 
 import json
-import textwrap
 
 import pytest
 
 from conftest import mpirun
+from test_trainer import _script as trainer_script
 
 pytest.importorskip("torch")
 
@@ -58,11 +58,8 @@ def model(seed):
 """
 
 
-def _script(tmp_path, body, name="job.py"):
-    path = tmp_path / name
-    path.write_text(PRELUDE + "\ndef main():\n" + textwrap.indent(textwrap.dedent(body), "    ")
-                    + "\n\nabort_on_error(main)\n")
-    return path
+def _script(tmp_path, body):
+    return trainer_script(tmp_path, body, prelude=PRELUDE)
 
 
 MATCH_BODY = """

@@ -26,9 +26,10 @@ def identical(params):
 """
 
 
-def _script(tmp_path, body, name="job.py"):
+def _script(tmp_path, body, name="job.py", prelude=PRELUDE):
+    """A job file: ``prelude``, then ``body`` as ``main()`` run under ``abort_on_error``."""
     path = tmp_path / name
-    path.write_text(PRELUDE + "\ndef main():\n" + textwrap.indent(textwrap.dedent(body), "    ")
+    path.write_text(prelude + "\ndef main():\n" + textwrap.indent(textwrap.dedent(body), "    ")
                     + "\n\nabort_on_error(main)\n")
     return path
 

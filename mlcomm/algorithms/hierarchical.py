@@ -72,11 +72,13 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
         tl.copy(0, whole, mine)
         return tl.schedule(count, count)
     # every rank cuts the vector into the same rounds, whether its own node uses the window
-    room = elements("slot_bytes", slot_bytes, itemsize) // 2 \
-        if intra == "shared_memory" and parts > 1 else count
-    if room < parts:
-        raise ValueError(f"slot_bytes={slot_bytes} is too small for parts of {parts} ranks: "
-                         f"give the window more bytes (MLCOMM_SHM_BYTES)")
+    room = count
+    if intra == "shared_memory" and parts > 1:
+        room = elements("slot_bytes", slot_bytes, itemsize) // 2
+        if room < parts:
+            raise ValueError(f"slot_bytes={slot_bytes} is too small for parts of {parts} "
+                             f"ranks: give the window more bytes (MLCOMM_SHM_BYTES)")
+    room = min(room, count)
     sync = Barriers(tl, node) if window else None
     if window:
         sync.begin(0)
@@ -89,7 +91,7 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
         piece = lambda j, buf=OUTPUT, at=a: Region(buf, at + pb[j], pb[j + 1] - pb[j])
         # 1. reduce each part inside the node, into its handler's output
         if window:
-            tl.need_slot(2 * room if len(starts) > 1 else room + m)
+            tl.need_slot(2 * room)
             if r == 0:
                 tl.copy(t, Region(slot(rank), 0, m), Region(INPUT, a, m))
             t += 1

@@ -99,16 +99,16 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
         reduce_slots(tl, 1, node, whole, 0, count)
         sync.end(2)
         return tl.schedule(count, count)
-    # a slot half holds a chunk and its result parts: chunk + ceil(chunk / L) <= slot / 2
+    # a slot half holds a chunk and its result part: chunk + ceil(chunk / L) <= slot / 2
     L = len(node)
     fits = (slot_elems // 2) * L // (L + 1)
-    chunk = min(fits, elements("chunk_bytes", chunk_bytes, itemsize) or fits)
-    if chunk < L:
+    chunk = min(fits, elements("chunk_bytes", chunk_bytes, itemsize) or fits, count)
+    if chunk < L and count >= L:
         raise ValueError(f"slot_bytes={slot_bytes} leaves chunks of {chunk} elements for "
                          f"{L} ranks: give the window more bytes (MLCOMM_SHM_BYTES)")
-    half = slot_elems // 2
+    half = chunk + -(-chunk // L)  # the slot elements one chunk uses
     starts = list(range(0, count, chunk))
-    tl.need_slot((half if len(starts) > 1 else 0) + chunk + -(-chunk // L))
+    tl.need_slot(half * (2 if len(starts) > 1 else 1))
     t = 0
     for c, a in enumerate(starts):
         m = min(chunk, count - a)

@@ -86,19 +86,27 @@ _NOTES_COLUMNS = ("algorithm", "rounds", "total sent", "max/rank", "fan-in", "in
 
 
 def format_analysis(rows) -> str:
-    """The notes' cost table of analysis rows of one rank count and size (volumes in n)."""
+    """The notes' cost table of analysis rows of one rank count and size (volumes in n).
+
+    The node columns (``syncs``, ``window/rank``) appear when a row synchronises a node.
+    """
+    node = any(r.get("max_rank_syncs") for r in rows)
+    dash = lambda v: "-" if v is None else str(v)
     cells = []
     for r in rows:
         p, n = r["ranks"], r["bytes"]
         sent, got = r["max_rank_bytes_sent"], r["max_rank_bytes_received"]
         per_rank = in_n(sent, n, p) if sent == got else \
             f"{in_n(sent, n, p)} out, {in_n(got, n, p)} in"
-        cells.append([r["algorithm"], "-" if r["rounds"] is None else str(r["rounds"]),
-                      in_n(r["total_bytes_sent"], n, p), per_rank,
-                      "-" if r["max_fan_in"] is None else str(r["max_fan_in"]),
-                      in_n(r["max_round_bytes_in"], n, p),
-                      _seconds(r["predicted_seconds"]), _seconds(r["formula_seconds"])])
-    return "\n".join(_align(list(_NOTES_COLUMNS), cells))
+        cells.append([r["algorithm"], dash(r["rounds"]), in_n(r["total_bytes_sent"], n, p),
+                      per_rank, dash(r["max_fan_in"]), in_n(r["max_round_bytes_in"], n, p)]
+                     + ([dash(r["max_rank_syncs"]), in_n(r["max_rank_window_bytes"], n, p)]
+                        if node else [])
+                     + [_seconds(r["predicted_seconds"]), _seconds(r["formula_seconds"])])
+    columns = list(_NOTES_COLUMNS)
+    if node:
+        columns[6:6] = ["syncs", "window/rank"]
+    return "\n".join(_align(columns, cells))
 
 
 def _load_profile(args):
@@ -113,7 +121,18 @@ def _network(args):
         profile, alpha=args.alpha, beta=args.beta, gamma=args.gamma,
         ports=getattr(args, "ports", None), ranks_per_node=getattr(args, "ranks_per_node", None),
         inter_alpha=getattr(args, "inter_alpha", None), inter_beta=getattr(args, "inter_beta", None),
-        nic_ports=getattr(args, "nic_ports", None))
+        nic_ports=getattr(args, "nic_ports", None), copy_beta=getattr(args, "copy_beta", None),
+        sync=getattr(args, "sync", None))
+
+
+def _model_line(net, profile) -> str:
+    """The ``# model:`` line: the constants the simulator ran on."""
+    model = (f"{net.ranks_per_node} ranks/node, inter alpha={net.between_alpha:.3g} "
+             f"beta={net.between_beta:.3g}, nic_ports={net.nic_ports}; "
+             if net.two_level else "")
+    return (f"# model: alpha={net.alpha:.3g}s beta={net.beta:.3g}s/B gamma={net.gamma:.3g}s/B, "
+            f"ports={net.ports or 'unlimited'}; {model}node sync={net.sync_cost:.3g}s, window "
+            f"copy={net.copy_cost:.3g}s/B; profile: {profile.model_source}")
 
 
 def _itemsize(dtype) -> int:
@@ -138,6 +157,12 @@ def _check_model(args, parser) -> None:
                          f"{args.dtype} elements ({itemsize} bytes each)")
     names = getattr(args, "algorithms", None) or (
         [args.algorithm] if getattr(args, "algorithm", None) else None)
+    if getattr(args, "algorithm", None):
+        from .metrics import not_applicable
+        why = not_applicable(args.algorithm, args.ranks, args.ranks_per_node)
+        if why:
+            parser.error(f"argument -a/--algorithm: {args.algorithm} on {args.ranks} ranks, "
+                         f"{args.ranks_per_node} per node, {why}")
     if names and getattr(args, "schedules_only", False):
         from .metrics import analyzable
         bad = [a for a in names if a not in analyzable()]
@@ -149,7 +174,8 @@ def _check_model(args, parser) -> None:
 # --- analyze -------------------------------------------------------------------
 
 def _analyze(args) -> int:
-    from .metrics import KEYS, analyzable, analyze
+    from ..algorithms import ALGORITHMS
+    from .metrics import KEYS, analyzable, analyze, not_applicable
     if not is_root():
         return 0
     profile, net = _network(args)
@@ -160,23 +186,45 @@ def _analyze(args) -> int:
     for p in args.ranks:
         for nbytes in args.sizes:
             blocks.append((p, nbytes, [analyze(name, p, nbytes, itemsize=itemsize,
-                                               profile=profile, network=net, options=opts)
+                                               profile=profile, network=net, options=opts,
+                                               ranks_per_node=args.ranks_per_node)
                                        for name in names]))
     if args.format != "table":
         print(format_rows([r for _, _, rows in blocks for r in rows], KEYS, args.format))
         return 0
+    node = False
     for i, (p, nbytes, rows) in enumerate(blocks):
         shown = ", ".join(f"{k}={v}" for k, v in opts.items())
+        layout = (f"; {_layout(p, args.ranks_per_node)}"
+                  if any(ALGORITHMS[r["algorithm"]].context for r in rows) else "")
         print(("\n" if i else "") + f"# p = {p} ranks, n = {_bytes(nbytes)} bytes "
-              f"({nbytes // itemsize} x {args.dtype}){'; ' + shown if shown else ''}")
+              f"({nbytes // itemsize} x {args.dtype}){'; ' + shown if shown else ''}{layout}")
         print(format_analysis(rows))
+        node = node or any(r["max_rank_syncs"] for r in rows)
+        skipped = [f"{r['algorithm']} ({not_applicable(r['algorithm'], p, args.ranks_per_node)})"
+                   for r in rows if not_applicable(r["algorithm"], p, args.ranks_per_node)]
+        if skipped:
+            print(f"# not on this layout: {', '.join(skipped)}")
     print("# volumes in multiples of the message size n (raw bytes: --format json or csv)")
-    print("# rounds: the critical path in steps; max/rank: the most bytes one rank sends")
+    print("# rounds: the critical path in steps; a node sync (await of a peer's post) is one")
+    print("# max/rank: the most bytes one rank sends")
     print("# fan-in, in/round: the most senders to one rank, and bytes into it, in one round")
+    if node:
+        print("# syncs: the most node syncs of one rank; window/rank: the most bytes one rank "
+              "reads from its peers' window slots (not on the wire)")
     print("# simulated: the cost simulator; formula: the closed form")
-    print(f"# model: alpha={net.alpha:.3g}s beta={net.beta:.3g}s/B gamma={net.gamma:.3g}s/B "
-          f"({profile.model_source})")
+    print(_model_line(net, profile))
     return 0
+
+
+def _layout(p: int, ranks_per_node) -> str:
+    """The node layout in words: ``one node``, ``4 nodes of 8``, ``3 nodes of 2 (last 1)``."""
+    from .metrics import node_layout
+    nodes = node_layout(p, ranks_per_node)
+    if len(nodes) == 1:
+        return "one node"
+    k, last = len(nodes[0]), len(nodes[-1])
+    return f"{len(nodes)} nodes of {k}" + (f" (last {last})" if last != k else "")
 
 
 # --- simulate ------------------------------------------------------------------
@@ -195,15 +243,11 @@ def _simulate(args) -> int:
               file=sys.stderr, leave=False) as bar:
         rows = sweep(names, args.ranks, args.sizes, network=net, itemsize=_itemsize(args.dtype),
                      options=options(args), limit=args.sim_limit,
-                     seconds=args.sim_seconds, progress=bar)
+                     seconds=args.sim_seconds, progress=bar, ranks_per_node=args.ranks_per_node)
     print(format_rows(rows, SWEEP_KEYS, args.format))
     formula = sorted({(r["algorithm"], r["ranks"]) for r in rows if r["source"] == "formula"})
     if args.format == "table":
-        model = (f"{net.ranks_per_node} ranks/node, inter alpha={net.inter_alpha or net.alpha:.3g} "
-                 f"beta={net.inter_beta or net.beta:.3g}, nic_ports={net.nic_ports}; "
-                 if net.two_level else "")
-        print(f"# model: alpha={net.alpha:.3g}s beta={net.beta:.3g}s/B gamma={net.gamma:.3g}s/B, "
-              f"ports={net.ports or 'unlimited'}; {model}profile: {profile.model_source}")
+        print(_model_line(net, profile))
         if formula:
             first = {}
             for name, p in formula:
@@ -220,11 +264,23 @@ def _simulate(args) -> int:
 
 # --- explain -------------------------------------------------------------------
 
+def _node_aware() -> list:
+    """The all-reduces that take the node layout (their schedules use it)."""
+    from ..algorithms import ALGORITHMS
+    return [name for name, a in ALGORITHMS.items() if a.build is not None and a.context]
+
+
 def _explain(args) -> int:
+    import dataclasses
+
     from ..select import explain
     if not is_root():
         return 0
     profile = _load_profile(args)
+    overrides = {k: getattr(args, k) for k in ("alpha", "beta", "gamma")
+                 if getattr(args, k) is not None}
+    if overrides:
+        profile = dataclasses.replace(profile, **overrides)
     itemsize = _itemsize(args.dtype) if args.dtype else 4
     for i, nbytes in enumerate(args.sizes):
         choice, times, profile = explain(args.ranks, nbytes, profile=profile, dtype=args.dtype,
@@ -232,19 +288,17 @@ def _explain(args) -> int:
                                          itemsize=itemsize)
         gamma = profile.gamma_for(args.dtype, args.op)
         kernel = " ".join(str(x) for x in (args.dtype, args.op) if x) or "any dtype and op"
+        where = "" if args.ranks_per_node is None else f", {_layout(args.ranks, args.ranks_per_node)}"
         print(("\n" if i else "") + f"all-reduce of {_bytes(nbytes)} bytes ({kernel}) "
-              f"on {args.ranks} ranks")
+              f"on {args.ranks} ranks{where}")
         print(f"profile: {profile.model_source}: alpha={profile.alpha:.3g}s "
               f"beta={profile.beta:.3g}s/B "
               f"({1 / profile.beta / 1e9 if profile.beta else float('inf'):.2f} GB/s) "
               f"gamma={gamma:.3g}s/B")
-        fastest = min(times.values())
-        cells = []
-        for name, t in sorted(times.items(), key=lambda kv: kv[1]):
-            ratio = t / fastest if fastest > 0 else float("nan")
-            cells.append([name, _seconds(t), f"{ratio:.2f}x",
-                          "<- auto" if name == choice else ""])
-        print("\n".join(_align(["algorithm", "predicted", "vs fastest", ""], cells)))
+        if args.ranks_per_node is None:
+            _explain_model(args, nbytes, choice, times, profile, itemsize)
+        else:
+            _explain_cluster(args, nbytes, choice, profile, gamma, itemsize)
         if profile.tuned_choice(args.ranks, nbytes) == choice:
             print(f"auto chooses {choice}: measured fastest for {args.ranks} ranks at the "
                   f"nearest tuned size (mlcomm tune), whatever the model predicts")
@@ -254,20 +308,119 @@ def _explain(args) -> int:
     return 0
 
 
+def _explain_model(args, nbytes, choice, times, profile, itemsize) -> None:
+    """auto's own model (closed forms on one node), the node-aware algorithms beside it."""
+    from ..select import predict
+    from .metrics import not_applicable
+    if args.algorithms is None:
+        extra = [n for n in _node_aware() if n not in times and not not_applicable(n, args.ranks)]
+        times = dict(times, **predict(args.ranks, nbytes, profile=profile, dtype=args.dtype,
+                                      op=args.op, candidates=extra, itemsize=itemsize))
+    fastest = min(times.values())
+    cells = []
+    for name, t in sorted(times.items(), key=lambda kv: kv[1]):
+        ratio = t / fastest if fastest > 0 else float("nan")
+        cells.append([name, _seconds(t), f"{ratio:.2f}x", "<- auto" if name == choice else ""])
+    print("\n".join(_align(["algorithm", "predicted", "vs fastest", ""], cells)))
+
+
+def _explain_cluster(args, nbytes, choice, profile, gamma, itemsize) -> None:
+    """Every candidate on the node layout, by the two-level simulator; why ``hierarchical``
+    is or is not the fastest."""
+    from .metrics import analyzable, not_applicable
+    from .simulator import Network
+    from .sweep import predict_time
+    net = Network.from_profile(
+        profile, gamma=gamma, ports=args.ports, ranks_per_node=args.ranks_per_node,
+        inter_alpha=args.inter_alpha, inter_beta=args.inter_beta, nic_ports=args.nic_ports,
+        copy_beta=args.copy_beta, sync=args.sync)
+    names = args.algorithms or analyzable()
+    skipped = [f"{n} ({not_applicable(n, args.ranks, args.ranks_per_node)})" for n in names
+               if not_applicable(n, args.ranks, args.ranks_per_node)]
+    rows = [predict_time(n, args.ranks, nbytes, network=net, itemsize=itemsize,
+                         limit=args.sim_limit, seconds=args.sim_seconds,
+                         ranks_per_node=args.ranks_per_node, breakdown=True)
+            for n in names if not not_applicable(n, args.ranks, args.ranks_per_node)]
+    rows.sort(key=lambda r: r["seconds"])
+    fastest = rows[0]["seconds"]
+    cells = [[r["algorithm"], _seconds(r["seconds"]),
+              f"{r['seconds'] / fastest:.2f}x" if fastest > 0 else "nan", r["source"],
+              "<- auto" if r["algorithm"] == choice else ""] for r in rows]
+    print("\n".join(_align(["algorithm", "predicted", "vs fastest", "source", ""], cells)))
+    print(_model_line(net, profile))
+    if skipped:
+        print(f"not candidates on this layout: {', '.join(skipped)}")
+    for line in _why("hierarchical", rows):
+        print(line)
+
+
+def _terms(path, least: float) -> str:
+    """A critical path's terms of at least ``least`` seconds, largest first:
+    ``inter-node latency 45.00us (9)`` (the count of messages or syncs)."""
+    counts = path["counts"]
+    said = {"inter-node latency": "inter-node messages", "intra-node latency":
+            "intra-node messages", "node syncs": "node syncs"}
+    parts = []
+    for term, t in sorted(((k, v) for k, v in path.items() if k != "counts"),
+                          key=lambda kv: -kv[1]):
+        if t >= least:
+            n = counts.get(said.get(term), 0)
+            parts.append(f"{term} {_seconds(t)}" + (f" ({n})" if n else ""))
+    return " + ".join(parts) or "nothing"
+
+
+def _why(name, rows) -> list:
+    """Lines that say why ``name`` is or is not the fastest of ``rows``: its critical path
+    against the fastest other candidate's, term by term, the largest difference first."""
+    mine = next((r for r in rows if r["algorithm"] == name), None)
+    others = [r for r in rows if r["algorithm"] != name]
+    if mine is None or not others:
+        return []
+    other = others[0]
+    fastest = mine["seconds"] <= other["seconds"]
+    verdict = (f"{name} is the fastest ({_seconds(mine['seconds'])}; next {other['algorithm']} "
+               f"{_seconds(other['seconds'])})" if fastest else
+               f"{name} is not the fastest ({_seconds(mine['seconds'])} against "
+               f"{other['algorithm']}'s {_seconds(other['seconds'])})")
+    if "critical_path" not in mine or "critical_path" not in other:
+        formula = [r["algorithm"] for r in (mine, other) if "critical_path" not in r]
+        return [f"why: {verdict}; {' and '.join(formula)} from the closed form (the schedule "
+                f"is over --sim-limit or --sim-seconds), so no term-by-term comparison"]
+    a, b = mine["critical_path"], other["critical_path"]
+    least = 1e-3 * max(mine["seconds"], other["seconds"])  # terms under 0.1% go unsaid
+    diff = {k: a[k] - b[k] for k in a if k != "counts"}
+    less = sorted((k for k in diff if diff[k] <= -least), key=lambda k: diff[k])
+    more = sorted((k for k in diff if diff[k] >= least), key=lambda k: -diff[k])
+    words = lambda keys: ", ".join(f"{k} {_seconds(abs(diff[k]))}" for k in keys) or "nothing"
+    dominant = max(diff, key=lambda k: abs(diff[k]))
+    return [f"why: {verdict}. Critical paths:",
+            f"  {name}: {_terms(a, least)}",
+            f"  {other['algorithm']}: {_terms(b, least)}",
+            f"  {name} saves {words(less)}; it adds {words(more)}. The dominant term: "
+            f"{dominant} ({'saved' if diff[dominant] < 0 else 'added'} "
+            f"{_seconds(abs(diff[dominant]))})."]
+
+
 # --- draw ----------------------------------------------------------------------
 
 def _draw(args) -> int:
     from ..algorithms import build_schedules
     from .draw import draw_schedule
-    from .metrics import count_for
+    from .metrics import build_options, count_for
     if not is_root():
         return 0
     name = args.algorithm
     itemsize = _itemsize(args.dtype)
     count = count_for(args.size, itemsize) if args.size is not None else args.ranks
-    scheds = build_schedules(name, args.ranks, count, itemsize, **options(args))
+    opts = build_options(name, args.ranks, count * itemsize, itemsize=itemsize,
+                         options=options(args), ranks_per_node=args.ranks_per_node)
+    scheds = build_schedules(name, args.ranks, count, itemsize, **opts)
     out = args.output or f"{name}_p{args.ranks}.png"
     title = f"{name} all-reduce, p={args.ranks}, {count} elements"
+    if any(s.node for s in scheds) or args.ranks_per_node:
+        title += f", {_layout(args.ranks, args.ranks_per_node)}"
+    if opts.get("inter") and len({s.node for s in scheds}) > 1:
+        title += f", inter={opts['inter']}"
     draw_schedule(scheds, out, title=title)
     print(f"wrote {out}")
     return 0
@@ -304,18 +457,30 @@ def _calibrate(args) -> int:
 
 # --- parsers -------------------------------------------------------------------
 
+def _ranks_per_node(p, extra="") -> None:
+    p.add_argument("--ranks-per-node", type=positive_int, default=None, metavar="K",
+                   help="K consecutive ranks per node, the last node maybe fewer: the layout "
+                        "of shared_memory and hierarchical" + extra + " (default: one node)")
+
+
 def _model_args(p, cluster: bool) -> None:
     g = p.add_argument_group("cost model (defaults: the profile, see `mlcomm calibrate`)")
     add_profile(g)
     g.add_argument("--alpha", type=float, default=None, help="latency per message, seconds")
     g.add_argument("--beta", type=float, default=None, help="seconds per byte on a link")
     g.add_argument("--gamma", type=float, default=None, help="seconds per reduced byte")
+    g.add_argument("--copy-beta", type=float, default=None,
+                   help="seconds per byte copied into or out of a node window slot "
+                        "(default: --beta)")
+    g.add_argument("--sync", type=float, default=None,
+                   help="seconds from a node post to the await that sees it "
+                        "(default: --alpha / 4)")
     if cluster:
         g.add_argument("--ports", type=int, default=None,
                        help="messages a rank sends (and receives) at once: 1 = single-port "
                             "full duplex (default), k, or 0 = unlimited")
-        g.add_argument("--ranks-per-node", type=int, default=None,
-                       help="two-level model: ranks per node, placed in blocks (default 1 = flat)")
+        _ranks_per_node(g, ", and the two-level model's placement: messages between nodes "
+                           "cost --inter-alpha and --inter-beta")
         g.add_argument("--inter-alpha", type=float, default=None,
                        help="latency between nodes (default: --alpha)")
         g.add_argument("--inter-beta", type=float, default=None,
@@ -323,6 +488,16 @@ def _model_args(p, cluster: bool) -> None:
         g.add_argument("--nic-ports", type=int, default=None,
                        help="inter-node messages a node's NIC carries at once each way "
                             "(default 1; 0 = unlimited)")
+
+
+def _sim_args(p) -> None:
+    from .sweep import SIM_LIMIT, SIM_SECONDS
+    p.add_argument("--sim-limit", type=int, default=SIM_LIMIT,
+                   help="simulate while p x (steps + transfers of one rank) is at most this "
+                        f"(default {SIM_LIMIT}); above it the closed form is used")
+    p.add_argument("--sim-seconds", type=float, default=SIM_SECONDS,
+                   help="simulate while building all schedules is estimated to take at most "
+                        f"this many seconds (default {SIM_SECONDS:g})")
 
 
 def _schedule_args(p) -> None:
@@ -334,7 +509,6 @@ def _schedule_args(p) -> None:
 
 def register(subparsers) -> None:
     """Add the analysis commands."""
-    from .sweep import SIM_LIMIT, SIM_SECONDS
     fmt = argparse.RawDescriptionHelpFormatter
     check = lambda p: (lambda args: _check_model(args, p))
 
@@ -353,7 +527,7 @@ def register(subparsers) -> None:
     _schedule_args(p)
     add_format(p, help="table: the notes' notation (volumes in n); json, csv: raw bytes "
                        "(default %(default)s)")
-    _model_args(p, cluster=False)
+    _model_args(p, cluster=True)
     p.set_defaults(func=_analyze, validate=check(p), schedules_only=True)
 
     p = subparsers.add_parser(
@@ -371,12 +545,7 @@ def register(subparsers) -> None:
     _schedule_args(p)
     add_format(p)
     _model_args(p, cluster=True)
-    p.add_argument("--sim-limit", type=int, default=SIM_LIMIT,
-                   help="simulate while p x (steps + transfers of one rank) is at most this "
-                        f"(default {SIM_LIMIT}); above it the closed form is used")
-    p.add_argument("--sim-seconds", type=float, default=SIM_SECONDS,
-                   help="simulate while building all schedules is estimated to take at most "
-                        f"this many seconds (default {SIM_SECONDS:g})")
+    _sim_args(p)
     p.add_argument("--plot", metavar="FILE.png", default=None,
                    help="draw time vs ranks (one panel per size) and time vs bytes")
     p.add_argument("--title", default=None, help="plot title")
@@ -385,18 +554,26 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser(
         "explain", help="every candidate's predicted time and what `auto` picks",
-        description="Evaluate each all-reduce algorithm's closed-form cost with the profile "
-                    "(calibrated, or the built-in defaults), each against the fastest "
-                    "prediction, and show what algorithm='auto' chooses: the fastest "
-                    "prediction, or the measured choice where `mlcomm tune` decided.",
-        epilog="example:\n  mlcomm explain -p 64 -s 8,16M -d float32 -o sum", formatter_class=fmt)
+        description="Evaluate each all-reduce algorithm's predicted time, each against the "
+                    "fastest prediction, and show what algorithm='auto' chooses: the fastest "
+                    "prediction of its model, or the measured choice where `mlcomm tune` "
+                    "decided. Without --ranks-per-node the predictions are auto's model (the "
+                    "closed forms with the profile, calibrated or the built-in defaults, all "
+                    "ranks on one node). With it, every candidate runs through the two-level "
+                    "simulator on that layout (see `mlcomm simulate`), and the critical "
+                    "paths say why hierarchical is or is not the fastest.",
+        epilog="examples:\n  mlcomm explain -p 64 -s 8,16M -d float32 -o sum\n"
+               "  mlcomm explain -p 4096 -s 8 --ranks-per-node 8 --inter-alpha 5e-6 "
+               "--inter-beta 1e-10", formatter_class=fmt)
     p.add_argument("-p", "--ranks", type=positive_int, required=True)
     add_sizes(p, required=True)
     add_dtype(p, None, "pick gamma and the element size for this dtype (default: the "
                        "profile's gamma, 4-byte elements)")
     add_op(p, None, "pick gamma for this op")
-    add_algorithms(p, "candidates, comma-separated (default: every algorithm with a schedule)")
-    add_profile(p)
+    add_algorithms(p, "candidates, comma-separated (default: every algorithm with a schedule "
+                      "that runs on the layout)")
+    _model_args(p, cluster=True)
+    _sim_args(p)
     p.set_defaults(func=_explain, validate=check(p))
 
     p = subparsers.add_parser(
@@ -412,6 +589,7 @@ def register(subparsers) -> None:
                    help="message size in bytes (default: one element per rank)")
     add_dtype(p, "float64", "element type; sets the element size (default %(default)s)")
     add_option(p)
+    _ranks_per_node(p)
     add_output(p, "the PNG to write (default ALGORITHM_pP.png)")
     p.set_defaults(func=_draw, validate=check(p), schedules_only=True)
 

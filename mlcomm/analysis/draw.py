@@ -4,43 +4,69 @@ Ranks are rows, rounds are columns.  Each cell shows what one rank holds of
 the vector after that round: one box per element, coloured by whose
 contributions it sums (a rank's own colour, a blend for a partial sum, black
 when every rank is in it).  Arrows are the messages that complete in that
-round.  The drawing comes from running the schedule symbolically: every
-buffer slot carries the vector index it stands for and a count of each
-rank's contributions, so partial sums in scratch are shown at their place
-in the vector too, and a double-counted contribution shows in red.
+round; dashed arrows are reads of a peer's node window slot; a grey frame
+around a node's rows is a node synchronisation (an await of a peer's post)
+completing in that round.  Rounds are those of the unit-cost model: a message
+or a node synchronisation takes one.  The drawing comes from running the
+schedule symbolically: every buffer element carries the vector index it
+stands for and a count of each rank's contributions, so partial sums in
+scratch and in window slots are shown at their place in the vector too, and a
+double-counted contribution shows in red.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-from ..schedule import INPUT, OUTPUT, SCRATCH, Copy, Reduce, Send
+from ..schedule import INPUT, OUTPUT, SCRATCH, Copy, Recv, Reduce, Send, slot, slot_owner
 from .simulator import UNIT_NETWORK, compile_schedules, simulate
 
-__all__ = ["trace", "draw_schedule"]
+__all__ = ["Trace", "trace", "draw_schedule"]
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 class _State:
-    """One rank's buffers: per slot, the vector index and the contribution counts."""
+    """One rank's buffers: per element, the vector index and the contribution counts.
 
-    def __init__(self, sched, rank, p):
+    The window slots of every rank live in ``window`` (shared by all states): a rank
+    writes its own slot and reads its node's.
+    """
+
+    def __init__(self, sched, rank, p, window):
         n_in, n_out, n_scr = sched.input_count, sched.output_count, sched.scratch_count
+        self.rank, self.window = rank, window
         self.idx = {INPUT: np.arange(n_in), OUTPUT: np.full(n_out, -1),
                     SCRATCH: np.full(n_scr, -1)}
         self.cnt = {INPUT: np.zeros((n_in, p), np.int64), OUTPUT: np.zeros((n_out, p), np.int64),
                     SCRATCH: np.zeros((n_scr, p), np.int64)}
         self.cnt[INPUT][:, rank] = 1
+        self.own = slot(rank)
+        window[self.own] = (np.full(sched.slot_count, -1),
+                            np.zeros((sched.slot_count, p), np.int64))
+        self.peer_reads = []  # (owner, idx, cnt) of reads of peers' slots since last taken
+
+    def _arrays(self, buffer):
+        if buffer in self.idx:
+            return self.idx[buffer], self.cnt[buffer]
+        return self.window[buffer]
 
     def read(self, region):
         sl = slice(region.offset, region.stop)
-        return self.idx[region.buffer][sl].copy(), self.cnt[region.buffer][sl].copy()
+        idx, cnt = self._arrays(region.buffer)
+        idx, cnt = idx[sl].copy(), cnt[sl].copy()
+        owner = slot_owner(region.buffer)
+        if owner is not None and owner != self.rank:
+            self.peer_reads.append((owner, idx, cnt))
+        return idx, cnt
 
     def write(self, region, idx, cnt):
         sl = slice(region.offset, region.stop)
-        self.idx[region.buffer][sl] = idx
-        self.cnt[region.buffer][sl] = cnt
+        mine_idx, mine_cnt = self._arrays(region.buffer)
+        mine_idx[sl] = idx
+        mine_cnt[sl] = cnt
 
     def apply(self, op):
         idx, cnt = self.read(op.src)
@@ -51,26 +77,36 @@ class _State:
             self.write(op.dst, np.where(didx >= 0, didx, idx), dcnt + cnt)
 
     def view(self, count):
-        """Per vector index, the fullest partial sum this rank holds anywhere (output first)."""
+        """Per vector index, the fullest partial sum this rank holds anywhere (output first,
+        its window slot included)."""
         cnt = np.zeros((count, self.cnt[INPUT].shape[1]), np.int64)
         best = np.full(count, -1)
-        for buf in (OUTPUT, SCRATCH, INPUT):
-            for slot, i in enumerate(self.idx[buf]):
+        for buf in (OUTPUT, SCRATCH, self.own, INPUT):
+            idx_all, cnt_all = self._arrays(buf)
+            for at, i in enumerate(idx_all):
                 if 0 <= i < count:
-                    c = self.cnt[buf][slot]
+                    c = cnt_all[at]
                     k = int((c > 0).sum())
                     if k > best[i]:
                         best[i], cnt[i] = k, c
         return cnt
 
 
-def trace(schedules):
-    """Run ``schedules`` symbolically; return ``(views, messages)``.
+class Trace(NamedTuple):
+    """What :func:`trace` finds, round by round (index 0 is the start)."""
 
-    ``views[t][r]`` is rank r's (count, p) contribution counts after round t
-    (t = 0 is the start).  ``messages[t]`` lists ``(src, dst, indices, counts)``
-    for the messages that complete in round t.
-    """
+    #: ``views[t][r]``: rank r's (count, p) contribution counts after round t
+    views: list
+    #: ``messages[t]``: ``(src, dst, indices, counts)`` of the messages completing in round t
+    messages: list
+    #: ``reads[t]``: ``(owner, reader, indices, counts)`` of the reads of a peer's slot in round t
+    reads: list
+    #: ``syncs[t]``: the nodes (tuples of ranks) in which an await of a post completes in round t
+    syncs: list
+
+
+def trace(schedules) -> Trace:
+    """Run ``schedules`` symbolically, in the rounds of the unit-cost model."""
     p = len(schedules)
     count = schedules[0].input_count if p else 0
     prog = compile_schedules(schedules, 1)
@@ -81,19 +117,35 @@ def trace(schedules):
     for r, sched in enumerate(schedules):
         for step in sched.steps:
             for tr in step.transfers:
-                (sends if type(tr) is Send else recvs).append(
-                    (r, tr.peer, tr.region) if type(tr) is Send else (tr.peer, r, tr.region))
+                if type(tr) is Send:
+                    sends.append((r, tr.peer, tr.region))
+                elif type(tr) is Recv:
+                    recvs.append((tr.peer, r, tr.region))
             steps.append((r, step))
     skey = sorted(range(len(sends)), key=lambda i: (sends[i][0], sends[i][1], i))
     rkey = sorted(range(len(recvs)), key=lambda i: (recvs[i][0], recvs[i][1], i))
     pairs = [(sends[a], recvs[b]) for a, b in zip(skey, rkey)]
-    states = [_State(s, r, p) for r, s in enumerate(schedules)]
+    window = {}
+    states = [_State(s, r, p, window) for r, s in enumerate(schedules)]
     msg_round = np.rint(unit.msg_end).astype(int)
     step_round = np.rint(unit.step_done).astype(int)
-    for g in np.flatnonzero(step_round == 0):  # local ops before any message (copies)
-        r, step = steps[g]
-        for op in step.ops:
-            states[r].apply(op)
+    step_rank = np.searchsorted(prog.rank_first, prog.await_step, side="right") - 1
+    sync_round = np.rint(unit.await_done).astype(int)
+    syncs = [set() for _ in range(rounds + 1)]
+    for a in np.flatnonzero(prog.await_post >= 0):
+        syncs[sync_round[a]].add(tuple(schedules[step_rank[a]].node))
+
+    def run_ops(t):
+        read = []
+        for g in np.flatnonzero(step_round == t):
+            r, step = steps[g]
+            for op in step.ops:
+                states[r].apply(op)
+            read += [(q, r, idx, cnt) for q, idx, cnt in states[r].peer_reads]
+            states[r].peer_reads.clear()
+        return read
+
+    reads = [run_ops(0)]  # local ops before any message or sync (copies)
     views = [[st.view(count) for st in states]]
     messages = [[]]
     for t in range(1, rounds + 1):
@@ -101,16 +153,14 @@ def trace(schedules):
         for m in np.flatnonzero(msg_round == t):
             (s, d, sreg), (_, _, rreg) = pairs[m]
             idx, cnt = states[s].read(sreg)
+            states[s].peer_reads.clear()
             arrived.append((s, d, rreg, idx, cnt))
         for s, d, rreg, idx, cnt in arrived:
             states[d].write(rreg, idx, cnt)
         messages.append([(s, d, idx, cnt) for s, d, _, idx, cnt in arrived])
-        for g in np.flatnonzero(step_round == t):
-            r, step = steps[g]
-            for op in step.ops:
-                states[r].apply(op)
+        reads.append(run_ops(t))
         views.append([st.view(count) for st in states])
-    return views, messages
+    return Trace(views, messages, reads, [sorted(n) for n in syncs])
 
 
 def _colours(p):
@@ -141,7 +191,7 @@ def draw_schedule(schedules, path, title: str | None = None) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch, Rectangle
 
-    views, messages = trace(schedules)
+    views, messages, reads, syncs = trace(schedules)
     p = len(schedules)
     count = schedules[0].input_count
     rounds = len(views) - 1
@@ -173,7 +223,15 @@ def draw_schedule(schedules, path, title: str | None = None) -> None:
                 ha="center", va="bottom", fontsize=8)
     for r in range(p):
         ax.text(-0.4, y0(r) + box / 2, f"rank {r}", ha="right", va="center", fontsize=8)
+    nodes = sorted({tuple(s.node) for s in schedules if s.node})
+    for node in nodes[1:]:  # a line between nodes
+        y = y0(node[0]) + box + (row_h - box) / 2
+        ax.plot([-2.6, x0(rounds) + count * box], [y, y], color="0.6", lw=0.8, ls="-")
     for t in range(1, rounds + 1):
+        for node in syncs[t]:
+            top, bottom = y0(min(node)) + box + 0.25, y0(max(node)) - 0.25
+            ax.add_patch(Rectangle((x0(t) - 0.35, bottom), count * box + 0.7, top - bottom,
+                                   fill=False, edgecolor="0.45", linewidth=1.0, ls="--"))
         for s, d, idx, cnt in messages[t]:
             known = idx[idx >= 0]
             centre = (known.mean() + 0.5) * box if len(known) else count * box / 2
@@ -182,10 +240,23 @@ def draw_schedule(schedules, path, title: str | None = None) -> None:
                         xytext=(x0(t - 1) + centre, y0(s) + box / 2),
                         arrowprops=dict(arrowstyle="-|>", color=colour, alpha=0.8, lw=1.2,
                                         shrinkA=4, shrinkB=4, connectionstyle="arc3,rad=0.08"))
+        for q, r, idx, cnt in reads[t]:
+            known = idx[idx >= 0]
+            centre = (known.mean() + 0.5) * box if len(known) else count * box / 2
+            colour, _ = _box_colour(cnt[0] if len(cnt) else np.zeros(p, np.int64), base)
+            ax.annotate("", xy=(x0(t) + centre, y0(r) + box / 2),
+                        xytext=(x0(t - 1) + centre, y0(q) + box / 2),
+                        arrowprops=dict(arrowstyle="-|>", color=colour, alpha=0.6, lw=0.9,
+                                        ls="--", shrinkA=4, shrinkB=4,
+                                        connectionstyle="arc3,rad=-0.08"))
     handles = [Patch(facecolor=tuple(base[q]), label=f"{_LETTERS[q] if p <= 26 else q}: rank {q}")
                for q in range(min(p, 10))]
     handles += [Patch(facecolor=(0.1, 0.1, 0.1), label="Σ all ranks"),
                 Patch(facecolor=(0.93, 0.93, 0.93), edgecolor="grey", label="not yet held")]
+    if nodes:
+        from matplotlib.lines import Line2D
+        handles += [Line2D([], [], color="0.3", ls="--", lw=0.9, label="read of a peer's slot"),
+                    Patch(fill=False, edgecolor="0.45", ls="--", label="node sync")]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.01),
               ncol=min(len(handles), 7), fontsize=7, frameon=False)
     ax.set_xlim(-2.8, x0(rounds) + count * box + 0.3)

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
 from .simulator import UNIT_NETWORK, Network, Program, compile_schedules, simulate
 
-__all__ = ["KEYS", "schedule_metrics", "analyze", "analyzable", "count_for"]
+__all__ = ["KEYS", "schedule_metrics", "analyze", "analyzable", "count_for", "node_layout",
+           "not_applicable", "build_options", "inter_choice", "formula_seconds"]
 
 #: The keys of one ``mlcomm analyze`` row, in output order.
 KEYS = ("algorithm", "ranks", "bytes", "rounds", "total_bytes_sent", "max_rank_bytes_sent",
-        "max_rank_bytes_received", "max_fan_in", "max_round_bytes_in",
-        "predicted_seconds", "formula_seconds")
+        "max_rank_bytes_received", "max_fan_in", "max_round_bytes_in", "max_rank_syncs",
+        "max_rank_window_bytes", "predicted_seconds", "formula_seconds")
 
 
 def analyzable() -> list[str]:
@@ -27,13 +30,87 @@ def count_for(nbytes: int, itemsize: int) -> int:
     return nbytes // itemsize
 
 
-def schedule_metrics(program: Program) -> dict:
-    """Rounds, volumes and fan-in of a compiled program.
+def node_layout(p: int, ranks_per_node: int | None = None) -> tuple:
+    """Nodes of ``ranks_per_node`` consecutive ranks (the last may have fewer); one node of
+    every rank when it is None, as ``mpiexec`` on one machine gives."""
+    k = ranks_per_node or p
+    return tuple(tuple(range(i, min(p, i + k))) for i in range(0, p, k))
 
-    ``rounds`` is the critical path counted in communication steps: the
-    simulated time when every message costs 1 and ports are unlimited.  A
-    message's round is the time it completes there; fan-in and bytes-in per
-    round group a receiver's messages by that round.
+
+def not_applicable(name: str, p: int, ranks_per_node: int | None = None) -> str | None:
+    """Why ``name`` cannot run on this layout (``shared_memory`` across nodes), else None."""
+    nodes = len(node_layout(p, ranks_per_node))
+    if name == "shared_memory" and nodes > 1:
+        return f"spans {nodes} nodes (use hierarchical)"
+    return None
+
+
+def inter_choice(nodes: int, nbytes: int, network: Network, itemsize: int = 8) -> str:
+    """What ``inter="auto"`` resolves to here: ``auto``'s choice for ``nbytes`` on ``nodes``
+    ranks with the inter-node alpha and beta (and ``network``'s gamma) as its profile."""
+    from ..profile import Profile
+    from ..select import explain, flat_algorithms
+    if nodes < 2:
+        return flat_algorithms()[0]
+    profile = Profile(alpha=network.between_alpha, beta=network.between_beta,
+                      gamma=network.gamma)
+    return explain(nodes, nbytes, profile=profile, itemsize=itemsize)[0]
+
+
+def build_options(name: str, p: int, nbytes: int, *, itemsize: int = 8,
+                  options: dict | None = None, ranks_per_node: int | None = None,
+                  network: Network | None = None) -> dict:
+    """The options ``name``'s schedules are built with: the caller's that it takes, and the
+    context a job's session supplies (the node layout of ``ranks_per_node``, the window's
+    slot size unless ``options`` names ``slot_bytes``); ``inter="auto"`` resolved by
+    :func:`inter_choice`."""
+    from ..algorithms import ALGORITHMS, AUTO
+    from ..algorithms.shared_memory import DEFAULT_SLOT_BYTES
+    algo = ALGORITHMS[name]
+    opts = {k: v for k, v in (options or {}).items()
+            if k in algo.options or (k in algo.context and k != "nodes")}
+    if "nodes" in algo.context:
+        opts["nodes"] = node_layout(p, ranks_per_node)
+    if "slot_bytes" in algo.context:
+        opts.setdefault("slot_bytes", DEFAULT_SLOT_BYTES)
+    if "inter" in algo.options and opts.get("inter", algo.options["inter"]) == AUTO:
+        nodes = opts["nodes"]
+        part = -(-count_for(nbytes, itemsize) // max(map(len, nodes))) * itemsize
+        opts["inter"] = inter_choice(len(nodes), part, network or Network(), itemsize)
+    return opts
+
+
+def formula_seconds(name: str, p: int, nbytes: int, network: Network, options: dict,
+                    ranks_per_node: int | None = None) -> float:
+    """The closed form of ``name`` (``options`` from :func:`build_options`).
+
+    Across more than one node a flat algorithm's closed form prices every message at the
+    inter-node alpha and beta (its critical path crosses a node in every step); an
+    algorithm that knows the layout is given the inter-node constants as options.
+    """
+    from ..algorithms import ALGORITHMS
+    algo = ALGORITHMS[name]
+    alpha, beta = network.alpha, network.beta
+    extra = {}
+    if algo.context:
+        params = inspect.signature(algo.cost).parameters
+        if "inter_alpha" in params:
+            extra = {"inter_alpha": network.between_alpha, "inter_beta": network.between_beta}
+    elif len(node_layout(p, ranks_per_node)) > 1:
+        alpha, beta = network.between_alpha, network.between_beta
+    return float(algo.cost(p, nbytes, alpha, beta, network.gamma, **options, **extra))
+
+
+def schedule_metrics(program: Program) -> dict:
+    """Rounds, volumes, fan-in and node synchronisations of a compiled program.
+
+    ``rounds`` is the critical path counted in communication steps: the simulated time
+    when every message and every node synchronisation (an await of a peer's post) costs 1
+    and ports are unlimited. A message's round is the time it completes there; fan-in and
+    bytes-in per round group a receiver's messages by that round. Volumes count messages
+    only: what moves through a node's window is ``max_rank_window_bytes``, the bytes the
+    busiest rank reads from its peers' slots; ``max_rank_syncs`` is the most steps in which
+    one rank awaits its peers.
     """
     p = program.size
     unit = simulate(program, UNIT_NETWORK)
@@ -48,6 +125,11 @@ def schedule_metrics(program: Program) -> dict:
         round_in = int(np.bincount(key, weights=nbytes).max())
         pairs = np.unique(key * p + program.src)
         fan_in = int(np.bincount(pairs // p).max())
+    step_rank = np.searchsorted(program.rank_first, np.arange(len(program.step_reduce)),
+                                side="right") - 1
+    syncing = np.unique(program.await_step[program.await_post >= 0])
+    syncs = np.bincount(step_rank[syncing], minlength=p)
+    window = np.bincount(step_rank, weights=program.step_window_reads, minlength=p)
     return {
         "rounds": rounds,
         "total_bytes_sent": int(nbytes.sum()),
@@ -55,27 +137,35 @@ def schedule_metrics(program: Program) -> dict:
         "max_rank_bytes_received": int(received.max()) if p else 0,
         "max_fan_in": fan_in,
         "max_round_bytes_in": round_in,
+        "max_rank_syncs": int(syncs.max()) if p else 0,
+        "max_rank_window_bytes": int(window.max()) if p else 0,
     }
 
 
 def analyze(name: str, p: int, nbytes: int, *, itemsize: int = 8, profile=None,
             network: Network | None = None, options: dict | None = None,
-            program: Program | None = None) -> dict:
-    """Return one analysis row (the keys of :data:`KEYS`) for algorithm ``name``."""
+            program: Program | None = None, ranks_per_node: int | None = None) -> dict:
+    """Return one analysis row (the keys of :data:`KEYS`) for algorithm ``name``.
+
+    ``ranks_per_node`` lays the ranks out on nodes (default: one node) for the algorithms
+    that use the layout; an algorithm that cannot run on it gets a row of None.
+    """
     from ..algorithms import ALGORITHMS, build_schedules
     from ..profile import load_profile
     profile = profile or load_profile()
     network = network or Network.from_profile(profile)
     algo = ALGORITHMS[name]
-    options = {k: v for k, v in (options or {}).items() if k in algo.options}
     row = dict.fromkeys(KEYS)
     row.update(algorithm=name, ranks=p, bytes=nbytes)
+    if not_applicable(name, p, ranks_per_node):
+        return row
+    options = build_options(name, p, nbytes, itemsize=itemsize, options=options,
+                            ranks_per_node=ranks_per_node, network=network)
     if algo.build is not None:
         if program is None:
             count = count_for(nbytes, itemsize)
             program = compile_schedules(build_schedules(name, p, count, itemsize, **options), itemsize)
         row.update(schedule_metrics(program))
         row["predicted_seconds"] = simulate(program, network).seconds
-    row["formula_seconds"] = float(algo.cost(p, nbytes, network.alpha, network.beta,
-                                             network.gamma, **options))
+    row["formula_seconds"] = formula_seconds(name, p, nbytes, network, options, ranks_per_node)
     return row

@@ -5,7 +5,16 @@ i-th ``Recv`` at d from s.  A rank posts all the transfers of a step at once
 when its previous step is done; a message starts when both its send and its
 receive are posted and a port is free at each end; it takes
 ``alpha + bytes * beta``.  The step is done when all its transfers are, plus
-``gamma`` per reduced byte of its ``Reduce`` ops (``Copy`` ops are free).
+``gamma`` per reduced byte of its ``Reduce`` ops, plus ``copy_beta`` per byte of
+its ``Copy`` ops that touch a node window slot (the window's data movement; other
+copies are free, as in the lecture notes' model).
+
+Node synchronisation: a ``Post`` is made when its step starts (it publishes the
+writes of the steps before); an ``Await(peer, k)`` completes at the later of its
+own step's start and ``peer``'s k-th post plus ``sync`` (a flag handed over through
+shared cache lines: default ``alpha / 4``, the figure the window algorithms' closed
+forms use); ``Await(peer, 0)`` (the previous collective) completes at once.  Awaits
+take no port and move no bytes.
 
 Port models: ``ports=1`` (default) is single-port full duplex: a rank sends one
 message and receives one message at a time.  ``ports=k`` allows k of each;
@@ -21,20 +30,21 @@ blocks (rank r on node r // ranks_per_node).  Messages within a node cost
 the receiving node's NIC (``nic_ports`` of each; 0 = unlimited).
 
 The event loop is compiled with Numba; every algorithm at p = 1024 simulates
-in seconds (see ``bench/simulate_speed.py``).
+in seconds, and ``hierarchical`` at 4096 ranks (8 per node) too (see
+``bench/simulate_speed.py``).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
+import gc
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..schedule import Recv, Reduce, Send
+from ..schedule import Await, Copy, Post, Recv, Reduce, Send, slot_owner
 
 __all__ = ["Network", "Program", "SimResult", "compile_schedules", "simulate",
-           "simulate_schedules", "UNIT_NETWORK"]
+           "simulate_schedules", "step_costs", "critical_path", "PATH_TERMS", "UNIT_NETWORK"]
 
 try:  # Numba compiles the event loop; without it the same code runs as Python.
     from numba import njit
@@ -55,6 +65,10 @@ class Network:
     inter_alpha: float | None = None
     inter_beta: float | None = None
     nic_ports: int = 1
+    #: seconds per byte of a copy into or out of a node window slot (None: ``beta``)
+    copy_beta: float | None = None
+    #: seconds from a node post to the await that sees it (None: ``alpha / 4``)
+    sync: float | None = None
 
     @classmethod
     def from_profile(cls, profile=None, **overrides) -> "Network":
@@ -69,19 +83,42 @@ class Network:
     def two_level(self) -> bool:
         return self.ranks_per_node > 1
 
+    @property
+    def copy_cost(self) -> float:
+        """Seconds per byte copied into or out of a window slot."""
+        return self.beta if self.copy_beta is None else self.copy_beta
 
-#: alpha = 1 and nothing else: the simulated time is the number of rounds.
-UNIT_NETWORK = Network(alpha=1.0, beta=0.0, gamma=0.0, ports=0)
+    @property
+    def sync_cost(self) -> float:
+        """Seconds from a node post to the await that sees it."""
+        return self.alpha / 4 if self.sync is None else self.sync
+
+    @property
+    def between_alpha(self) -> float:
+        """Latency of a message between nodes."""
+        return self.alpha if self.inter_alpha is None else self.inter_alpha
+
+    @property
+    def between_beta(self) -> float:
+        """Seconds per byte of a message between nodes."""
+        return self.beta if self.inter_beta is None else self.inter_beta
+
+
+#: alpha = 1, sync = 1 and nothing else: the simulated time is the number of rounds, a
+#: round being one message time or one node synchronisation.
+UNIT_NETWORK = Network(alpha=1.0, beta=0.0, gamma=0.0, ports=0, copy_beta=0.0, sync=1.0)
 
 
 @dataclass
 class Program:
-    """Every rank's schedule flattened into arrays (steps and matched messages)."""
+    """Every rank's schedule flattened into arrays (steps, matched messages, node syncs)."""
 
     size: int
     itemsize: int
     rank_first: np.ndarray     # (p+1,) first global step id of each rank
     step_reduce: np.ndarray    # (S,) reduced bytes of each step
+    step_copy: np.ndarray      # (S,) bytes each step copies into or out of window slots
+    step_window_reads: np.ndarray  # (S,) bytes each step's ops read from other ranks' slots
     step_ptr: np.ndarray       # (S+1,) CSR into step_msgs
     step_msgs: np.ndarray      # message ids of each step's transfers
     src: np.ndarray            # (M,) per message
@@ -89,10 +126,21 @@ class Program:
     nbytes: np.ndarray
     send_step: np.ndarray
     recv_step: np.ndarray
+    post_step: np.ndarray      # (N,) the step of each post
+    await_step: np.ndarray     # (A,) the step of each await
+    await_post: np.ndarray     # (A,) the post it waits for; -1: the previous collective
+    step_posts: tuple          # (ptr (S+1,), post ids): CSR of each step's posts
+    step_awaits: tuple         # CSR of each step's awaits
+    post_awaits: tuple         # CSR of the awaits of each post
 
     @property
     def messages(self) -> int:
         return len(self.src)
+
+    @property
+    def syncs(self) -> int:
+        """Awaits of a post of this collective (``Await(peer, 0)`` not counted)."""
+        return int((self.await_post >= 0).sum())
 
 
 @dataclass
@@ -104,18 +152,50 @@ class SimResult:
     msg_start: np.ndarray
     msg_end: np.ndarray
     step_done: np.ndarray
+    await_done: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+def _csr(owner, n):
+    """``(ptr, ids)``: the ids 0..len(owner)-1 grouped by ``owner`` (in 0..n-1), in order."""
+    owner = np.asarray(owner, dtype=np.int64)
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(owner, minlength=n), out=ptr[1:])
+    return ptr, np.argsort(owner, kind="stable").astype(np.int64)
 
 
 def compile_schedules(schedules, itemsize: int = 8) -> Program:
-    """Flatten ``schedules`` (one per rank, in rank order) and match their messages.
+    """Flatten ``schedules`` (one per rank, in rank order) and match their messages and posts.
 
-    Raises ValueError on a message without a partner or with sizes that differ.
+    Raises ValueError on a message without a partner or with sizes that differ, and on
+    an await of a post that is never made.
     """
+    # Millions of small records: the cyclic GC would rescan them all as the lists grow.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _compile(schedules, itemsize)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _compile(schedules, itemsize):
     p = len(schedules)
     rank_first = np.zeros(p + 1, dtype=np.int64)
     s_src, s_dst, s_step, s_cnt = [], [], [], []
     r_src, r_dst, r_step, r_cnt = [], [], [], []
-    reduce_bytes = []
+    reduce_bytes, copy_bytes, peer_reads = [], [], []
+    posts = {}                      # (rank, k) -> post id
+    post_step, waits = [], []       # waits: (step, rank, peer, k)
+    owners = {}                     # buffer name -> the rank whose slot it is, or None
+
+    def owner_of(buffer):
+        try:
+            return owners[buffer]
+        except KeyError:
+            owners[buffer] = slot_owner(buffer)
+            return owners[buffer]
+
     g = 0
     for r, sched in enumerate(schedules):
         if sched.rank != r or sched.size != p:
@@ -123,13 +203,36 @@ def compile_schedules(schedules, itemsize: int = 8) -> Program:
         rank_first[r] = g
         for step in sched.steps:
             for tr in step.transfers:
-                if type(tr) is Send:
+                kind = type(tr)
+                if kind is Send:
                     s_src.append(r); s_dst.append(tr.peer); s_step.append(g); s_cnt.append(tr.region.count)
-                elif type(tr) is Recv:
+                elif kind is Recv:
                     r_src.append(tr.peer); r_dst.append(r); r_step.append(g); r_cnt.append(tr.region.count)
+                elif kind is Post:
+                    posts[r, tr.count] = len(post_step)
+                    post_step.append(g)
+                elif kind is Await:
+                    waits.append((g, r, tr.peer, tr.count))
                 else:
                     raise TypeError(f"not a transfer: {tr!r}")
-            reduce_bytes.append(sum(op.dst.count for op in step.ops if type(op) is Reduce))
+            reduced = copied = read = 0
+            for op in step.ops:
+                n = op.dst.count
+                if type(op) is Reduce:
+                    reduced += n
+                    q = owner_of(op.src.buffer)
+                    read += n if q is not None and q != r else 0
+                    if op.left is not None:
+                        q = owner_of(op.left.buffer)
+                        read += n if q is not None and q != r else 0
+                elif type(op) is Copy:
+                    q = owner_of(op.src.buffer)
+                    if q is not None or owner_of(op.dst.buffer) is not None:
+                        copied += n
+                    read += n if q is not None and q != r else 0
+            reduce_bytes.append(reduced)
+            copy_bytes.append(copied)
+            peer_reads.append(read)
             g += 1
     rank_first[p] = g
     arr = lambda xs: np.asarray(xs, dtype=np.int64)
@@ -155,13 +258,26 @@ def compile_schedules(schedules, itemsize: int = 8) -> Program:
     send_step, recv_step = s_step[so], r_step[ro]
     m = len(src)
     # CSR: each step lists the messages it sends or receives
-    owner = np.concatenate([send_step, recv_step])
+    ptr, order = _csr(np.concatenate([send_step, recv_step]), g)
     ids = np.concatenate([np.arange(m), np.arange(m)]).astype(np.int64)
-    order = np.argsort(owner, kind="stable")
-    step_ptr = np.zeros(g + 1, dtype=np.int64)
-    np.cumsum(np.bincount(owner, minlength=g), out=step_ptr[1:])
-    return Program(p, itemsize, rank_first, arr(reduce_bytes) * itemsize, step_ptr,
-                   ids[order], src, dst, cnt * itemsize, send_step, recv_step)
+    await_post = []
+    for step_id, r, peer, k in waits:
+        if k == 0:
+            await_post.append(-1)
+            continue
+        pid = posts.get((peer, k))
+        if pid is None:
+            raise ValueError(f"rank {r} awaits post {k} of rank {peer}, which rank {peer} "
+                             f"never makes")
+        await_post.append(pid)
+    await_step, await_post, post_step = arr([w[0] for w in waits]), arr(await_post), arr(post_step)
+    waiting = await_post >= 0
+    pa_ptr, pa_ids = _csr(await_post[waiting], len(post_step))
+    return Program(p, itemsize, rank_first, arr(reduce_bytes) * itemsize,
+                   arr(copy_bytes) * itemsize, arr(peer_reads) * itemsize, ptr, ids[order],
+                   src, dst, cnt * itemsize, send_step, recv_step, post_step, await_step,
+                   await_post, _csr(post_step, g), _csr(await_step, g),
+                   (pa_ptr, np.flatnonzero(waiting)[pa_ids].astype(np.int64)))
 
 
 @njit(cache=True)
@@ -240,10 +356,22 @@ def _take_port(ports, row, ready):
 
 
 @njit(cache=True)
-def _run(p, rank_first, step_reduce, step_ptr, step_msgs, src, dst, nbytes,
-         send_step, recv_step, alpha, beta, gamma, ports, rpn, inter_alpha,
-         inter_beta, nic_ports):
-    nsteps = len(step_reduce)
+def _await_done(a, t, await_step, await_done, remaining, step_end):
+    """Record await ``a`` done at ``t``; return its step when that leaves the step nothing
+    to wait for, else -1."""
+    await_done[a] = t
+    g = await_step[a]
+    if t > step_end[g]:
+        step_end[g] = t
+    remaining[g] -= 1
+    return g if remaining[g] == 0 else -1
+
+
+@njit(cache=True)
+def _run(p, rank_first, step_cost, step_ptr, step_msgs, src, dst, nbytes,
+         send_step, recv_step, sp_ptr, sp_ids, sa_ptr, sa_ids, await_step, await_post,
+         pa_ptr, pa_ids, alpha, beta, ports, rpn, inter_alpha, inter_beta, nic_ports, sync):
+    nsteps = len(step_cost)
     m = len(src)
     step_rank = np.empty(nsteps, dtype=np.int64)
     for r in range(p):
@@ -251,13 +379,16 @@ def _run(p, rank_first, step_reduce, step_ptr, step_msgs, src, dst, nbytes,
             step_rank[g] = r
     remaining = np.empty(nsteps, dtype=np.int64)
     for g in range(nsteps):
-        remaining[g] = step_ptr[g + 1] - step_ptr[g]
+        remaining[g] = step_ptr[g + 1] - step_ptr[g] + sa_ptr[g + 1] - sa_ptr[g]
     step_end = np.zeros(nsteps)
     step_done = np.full(nsteps, -1.0)
     posted = np.zeros(m, dtype=np.int64)
     ready = np.zeros(m)
     msg_start = np.full(m, -1.0)
     msg_end = np.full(m, -1.0)
+    post_time = np.full(len(pa_ptr) - 1, -1.0)
+    await_start = np.full(len(await_step), -1.0)
+    await_done = np.full(len(await_step), -1.0)
     rank_finish = np.zeros(p)
     kp = max(ports, 1)
     send_free = np.zeros((p, kp))
@@ -291,8 +422,31 @@ def _run(p, rank_first, step_reduce, step_ptr, step_msgs, src, dst, nbytes,
                 if posted[mi] == 2:
                     hn = _heap_push(hkey, htie, hval, hn, ready[mi],
                                     (dst[mi] - src[mi]) % p, mi)
+            # this step's posts: the awaits already waiting for them complete
+            for i in range(sp_ptr[g], sp_ptr[g + 1]):
+                pid = sp_ids[i]
+                post_time[pid] = t
+                for j in range(pa_ptr[pid], pa_ptr[pid + 1]):
+                    a = pa_ids[j]
+                    if await_start[a] >= 0.0 and await_done[a] < 0.0:
+                        h = _await_done(a, max(await_start[a], t + sync), await_step,
+                                        await_done, remaining, step_end)
+                        if h >= 0 and h != g:
+                            sn = _finish_step(h, step_end[h] + step_cost[h], step_done,
+                                              step_rank, rank_first, stack_g, stack_t, sn,
+                                              rank_finish)
+            # this step's awaits: those whose post is made complete now
+            for i in range(sa_ptr[g], sa_ptr[g + 1]):
+                a = sa_ids[i]
+                await_start[a] = t
+                pid = await_post[a]
+                if pid < 0:
+                    _await_done(a, t, await_step, await_done, remaining, step_end)
+                elif post_time[pid] >= 0.0:
+                    _await_done(a, max(t, post_time[pid] + sync), await_step, await_done,
+                                remaining, step_end)
             if remaining[g] == 0:
-                sn = _finish_step(g, t + step_reduce[g] * gamma, step_done, step_rank,
+                sn = _finish_step(g, step_end[g] + step_cost[g], step_done, step_rank,
                                   rank_first, stack_g, stack_t, sn, rank_finish)
         if hn == 0:
             break
@@ -332,29 +486,36 @@ def _run(p, rank_first, step_reduce, step_ptr, step_msgs, src, dst, nbytes,
                 step_end[g] = end
             remaining[g] -= 1
             if remaining[g] == 0:
-                sn = _finish_step(g, step_end[g] + step_reduce[g] * gamma, step_done, step_rank,
+                sn = _finish_step(g, step_end[g] + step_cost[g], step_done, step_rank,
                                   rank_first, stack_g, stack_t, sn, rank_finish)
-    return rank_finish, msg_start, msg_end, step_done, done_msgs
+    return rank_finish, msg_start, msg_end, step_done, await_done, done_msgs
+
+
+def step_costs(program: Program, network: Network) -> np.ndarray:
+    """Seconds of each step's local ops: reductions (gamma) and window copies (copy cost)."""
+    return (program.step_reduce.astype(np.float64) * network.gamma
+            + program.step_copy.astype(np.float64) * network.copy_cost)
 
 
 def simulate(program: Program, network: Network = Network()) -> SimResult:
     """Simulate ``program`` on ``network``; raise RuntimeError on a deadlock."""
     n = network
     rpn = max(1, int(n.ranks_per_node))
-    ia = n.alpha if n.inter_alpha is None else n.inter_alpha
-    ib = n.beta if n.inter_beta is None else n.inter_beta
     pr = program
-    finish, start, end, done, count = _run(
-        pr.size, pr.rank_first, pr.step_reduce.astype(np.float64), pr.step_ptr, pr.step_msgs,
+    finish, start, end, done, awaited, count = _run(
+        pr.size, pr.rank_first, step_costs(pr, n), pr.step_ptr, pr.step_msgs,
         pr.src, pr.dst, pr.nbytes.astype(np.float64), pr.send_step, pr.recv_step,
-        float(n.alpha), float(n.beta), float(n.gamma), int(n.ports), rpn, float(ia), float(ib),
-        int(n.nic_ports))
+        *pr.step_posts, *pr.step_awaits, pr.await_step, pr.await_post, *pr.post_awaits,
+        float(n.alpha), float(n.beta), int(n.ports), rpn, float(n.between_alpha),
+        float(n.between_beta), int(n.nic_ports), float(n.sync_cost))
     if count != pr.messages or (done < 0).any():
         stuck = np.flatnonzero(done < 0)
         ranks = sorted(set(np.searchsorted(pr.rank_first, stuck, side="right") - 1))
-        raise RuntimeError(f"deadlock: {pr.messages - count} messages never start; "
+        raise RuntimeError(f"deadlock: {pr.messages - count} messages never start, "
+                           f"{int((awaited < 0).sum())} awaits never complete; "
                            f"ranks stuck: {ranks[:16]}{' ...' if len(ranks) > 16 else ''}")
-    return SimResult(float(finish.max()) if len(finish) else 0.0, finish, start, end, done)
+    return SimResult(float(finish.max()) if len(finish) else 0.0, finish, start, end, done,
+                     awaited)
 
 
 def simulate_schedules(schedules, itemsize: int = 8, network: Network = Network()) -> float:
@@ -362,5 +523,69 @@ def simulate_schedules(schedules, itemsize: int = 8, network: Network = Network(
     return simulate(compile_schedules(schedules, itemsize), network).seconds
 
 
-def _rounds(result: SimResult) -> int:
-    return int(math.floor(result.seconds + 0.5))
+#: The terms of :func:`critical_path`, in display order.
+PATH_TERMS = ("inter-node latency", "inter-node bandwidth", "intra-node latency",
+              "intra-node bandwidth", "waiting for a port or NIC", "node syncs",
+              "reductions", "window copies")
+
+
+def critical_path(program: Program, result: SimResult, network: Network) -> dict:
+    """Split the simulated time into the terms of :data:`PATH_TERMS` along the critical path.
+
+    The path runs back from the last rank to finish: each step ends with its local ops
+    after the last of its start, its messages and its awaits; a message's time is its
+    alpha and bytes x beta (inter- or intra-node), after any wait for a port or NIC since
+    both ends posted it; an await that waited is one sync after its peer's post. Returns
+    ``{term: seconds}`` (summing to the simulated time) and, under ``"counts"``, how many
+    inter-node messages, intra-node messages and syncs the path holds.
+    """
+    pr, n = program, network
+    rpn = max(1, int(n.ranks_per_node))
+    terms = dict.fromkeys(PATH_TERMS, 0.0)
+    counts = {"inter-node messages": 0, "intra-node messages": 0, "node syncs": 0}
+    if not len(pr.step_reduce):
+        return {**terms, "counts": counts}
+    nsteps = len(pr.step_reduce)
+    step_rank = np.searchsorted(pr.rank_first, np.arange(nsteps), side="right") - 1
+    first = pr.rank_first[step_rank] == np.arange(nsteps)
+    start = np.where(first, 0.0, np.roll(result.step_done, 1))
+    reduce_s = pr.step_reduce * n.gamma
+    copy_s = pr.step_copy * n.copy_cost
+    end = result.step_done - reduce_s - copy_s
+    ends = pr.rank_first[1:] - 1
+    live = pr.rank_first[1:] > pr.rank_first[:-1]
+    g = int(ends[live][np.argmax(result.rank_finish[live])])
+    sp_ptr, _ = pr.step_posts
+    sa_ptr, sa_ids = pr.step_awaits
+    tol = 1e-12 * max(1.0, result.seconds)
+    while g >= 0:
+        terms["reductions"] += float(reduce_s[g])
+        terms["window copies"] += float(copy_s[g])
+        cause, when = None, start[g] + tol
+        for mi in pr.step_msgs[pr.step_ptr[g]:pr.step_ptr[g + 1]]:
+            if result.msg_end[mi] > when:
+                cause, when = ("message", mi), result.msg_end[mi]
+        for a in sa_ids[sa_ptr[g]:sa_ptr[g + 1]]:
+            if result.await_done[a] > when:
+                cause, when = ("await", a), result.await_done[a]
+        if cause is None:  # nothing waited: the step began when the one before ended
+            g = -1 if first[g] else g - 1
+            continue
+        kind, i = cause
+        if kind == "message":
+            s, d = pr.src[i], pr.dst[i]
+            inter = rpn > 1 and s // rpn != d // rpn
+            alpha = n.between_alpha if inter else n.alpha
+            place = "inter-node" if inter else "intra-node"
+            terms[f"{place} latency"] += alpha
+            terms[f"{place} bandwidth"] += float(result.msg_end[i] - result.msg_start[i]) - alpha
+            counts[f"{place} messages"] += 1
+            later = max((pr.send_step[i], pr.recv_step[i]), key=lambda h: start[h])
+            terms["waiting for a port or NIC"] += float(result.msg_start[i] - start[later])
+            g = -1 if first[later] else later - 1
+        else:
+            post = pr.post_step[pr.await_post[i]]
+            terms["node syncs"] += float(result.await_done[i] - start[post])
+            counts["node syncs"] += 1
+            g = -1 if first[post] else post - 1
+    return {**terms, "counts": counts}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from .metrics import analyzable, count_for
-from .simulator import Network, compile_schedules, simulate
+from .metrics import analyzable, build_options, count_for, formula_seconds, not_applicable
+from .simulator import Network, compile_schedules, critical_path, simulate
 
 __all__ = ["SIM_LIMIT", "SIM_SECONDS", "estimate_work", "predict_time", "sweep", "SWEEP_KEYS"]
 
@@ -19,7 +19,7 @@ SWEEP_KEYS = ("algorithm", "ranks", "bytes", "seconds", "source", "formula_secon
 
 
 def estimate_work(name: str, p: int, count: int, itemsize: int, options: dict) -> tuple[int, float]:
-    """Estimate ``(schedule entries, build seconds)`` of all ranks from ranks 0 and p-1 alone."""
+    """Estimate ``(schedule entries, build seconds)`` of all ranks from ranks 0, p/2 and p-1."""
     from ..algorithms import ALGORITHMS
     algo = ALGORITHMS[name]
     if p <= 64:
@@ -33,24 +33,27 @@ def estimate_work(name: str, p: int, count: int, itemsize: int, options: dict) -
     return p * per, seconds
 
 
-def _formula(name, p, nbytes, network, options):
-    from ..algorithms import ALGORITHMS
-    algo = ALGORITHMS[name]
-    return float(algo.cost(p, nbytes, network.alpha, network.beta, network.gamma, **options))
-
-
 def predict_time(name: str, p: int, nbytes: int, *, network: Network = Network(),
                  itemsize: int = 8, options: dict | None = None,
-                 limit: int = SIM_LIMIT, seconds: float = SIM_SECONDS) -> dict:
+                 limit: int = SIM_LIMIT, seconds: float = SIM_SECONDS,
+                 ranks_per_node: int | None = None, breakdown: bool = False) -> dict:
     """One sweep row: the simulated time, or the closed form when the schedule is too big.
 
-    On the two-level model the closed form knows nothing of nodes, so
-    ``source`` says ``formula`` and the number is the flat model's.
+    ``ranks_per_node`` is the node layout of the algorithms that use one (default: one
+    node); ``source`` says ``simulated``, ``formula`` (see
+    :func:`~mlcomm.analysis.metrics.formula_seconds`) or, with no time, why the algorithm
+    cannot run on the layout. ``breakdown`` adds a simulated row's
+    :func:`~mlcomm.analysis.simulator.critical_path` under ``"critical_path"``.
     """
     from ..algorithms import ALGORITHMS, build_schedules
     algo = ALGORITHMS[name]
-    opts = {k: v for k, v in (options or {}).items() if k in algo.options}
-    formula = _formula(name, p, nbytes, network, opts)
+    why = not_applicable(name, p, ranks_per_node)
+    if why:
+        return {"algorithm": name, "ranks": p, "bytes": nbytes, "seconds": None,
+                "source": why, "formula_seconds": None}
+    opts = build_options(name, p, nbytes, itemsize=itemsize, options=options,
+                         ranks_per_node=ranks_per_node, network=network)
+    formula = formula_seconds(name, p, nbytes, network, opts, ranks_per_node)
     row = {"algorithm": name, "ranks": p, "bytes": nbytes, "seconds": formula,
            "source": "formula", "formula_seconds": formula}
     if algo.build is None:
@@ -59,14 +62,17 @@ def predict_time(name: str, p: int, nbytes: int, *, network: Network = Network()
     entries, build_seconds = estimate_work(name, p, count, itemsize, opts)
     if entries <= limit and build_seconds <= seconds:
         prog = compile_schedules(build_schedules(name, p, count, itemsize, **opts), itemsize)
-        row["seconds"] = simulate(prog, network).seconds
+        result = simulate(prog, network)
+        row["seconds"] = result.seconds
         row["source"] = "simulated"
+        if breakdown:
+            row["critical_path"] = critical_path(prog, result, network)
     return row
 
 
 def sweep(names, ranks, sizes, *, network: Network = Network(), itemsize: int = 8,
           options: dict | None = None, limit: int = SIM_LIMIT, seconds: float = SIM_SECONDS,
-          progress=None) -> list[dict]:
+          progress=None, ranks_per_node: int | None = None) -> list[dict]:
     """Predict every (algorithm, ranks, bytes) combination; return the rows."""
     names = list(names or analyzable())
     rows = []
@@ -74,8 +80,8 @@ def sweep(names, ranks, sizes, *, network: Network = Network(), itemsize: int = 
         for p in ranks:
             for nbytes in sizes:
                 rows.append(predict_time(name, p, nbytes, network=network, itemsize=itemsize,
-                                         options=options, limit=limit, seconds=seconds))
+                                         options=options, limit=limit, seconds=seconds,
+                                         ranks_per_node=ranks_per_node))
                 if progress is not None:
                     progress.update(1)
     return rows
-

@@ -1,0 +1,84 @@
+"""shared_memory and hierarchical in real jobs, on real or virtual nodes
+(MLCOMM_RANKS_PER_NODE), against MPI_Allreduce: exact for integers, the same bits on every
+rank and on a repeated call for floats."""
+
+import zlib
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mlcomm
+from mlcomm import session
+from mlcomm.verify import close, reference, sample
+
+from mpi_helpers import COMM, agree
+
+pytestmark = pytest.mark.mpi
+P, RANK = COMM.Get_size(), COMM.Get_rank()
+NODES = session.get(COMM).nodes
+ONE_NODE = len(NODES) == 1
+CASES = [("hierarchical", {}), ("hierarchical", {"intra": "direct"}),
+         ("hierarchical", {"inter": "recursive_doubling"})]
+if ONE_NODE:
+    CASES.append(("shared_memory", {}))
+COUNTS = sorted({0, 1, P, P + 1, 997, 100_003, 1 << 20})
+
+
+def digest(x):
+    return zlib.crc32(np.ascontiguousarray(x).view(np.uint8).tobytes())
+
+
+@pytest.mark.parametrize("name,options", CASES, ids=str)
+def test_integers_exact(name, options):
+    for count in COUNTS:
+        x = (np.arange(count, dtype=np.int64) * (RANK + 1)) ** 2 % 1009 - 500
+        want = reference(COMM, x, "sum")
+        got = mlcomm.allreduce(x, algorithm=name, **options)
+        agree(np.array_equal(got, want), f"{name} {options} count={count} nodes={NODES}")
+        inplace = x.copy()
+        mlcomm.allreduce(mlcomm.IN_PLACE, inplace, algorithm=name, **options)
+        agree(np.array_equal(inplace, want), f"{name} {options} in place count={count}")
+        ops = mlcomm.allreduce(x, op="max", algorithm=name, **options)
+        agree(np.array_equal(ops, reference(COMM, x, "max")), f"{name} max count={count}")
+
+
+@pytest.mark.parametrize("name,options", CASES, ids=str)
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+def test_floats_agree_bitwise_and_repeat(name, options, dtype):
+    dt = np.dtype(mlcomm.kernels.BFLOAT16) if dtype == "bfloat16" else np.dtype(dtype)
+    for count in (1, P + 1, 4099, 300_001):
+        x = sample(dt, "sum", count, RANK)
+        got = mlcomm.allreduce(x, algorithm=name, **options)
+        agree(close(got, reference(COMM, x, "sum"), P, "sum"), f"{name} {dtype} count={count}")
+        agree(len(set(COMM.allgather(digest(got)))) == 1, "results differ between ranks")
+        again = mlcomm.allreduce(x, algorithm=name, **options)
+        agree(digest(again) == digest(got), "a repeated call gave other bits")
+
+
+def test_shared_memory_on_several_nodes_names_hierarchical():
+    if ONE_NODE:
+        pytest.skip("one node: shared_memory applies")
+    with pytest.raises(ValueError, match="use algorithm='hierarchical'"):
+        mlcomm.allreduce(np.ones(4), algorithm="shared_memory")
+    agree(np.all(mlcomm.allreduce(np.ones(4), algorithm="hierarchical") == P))
+
+
+def test_persistent_and_nonblocking_through_the_window():
+    name = "shared_memory" if ONE_NODE else "hierarchical"
+    x = np.empty(1000, np.int64)
+    handle = mlcomm.allreduce_init(mlcomm.IN_PLACE, x, algorithm=name)
+    for trial in range(3):
+        x[...] = np.arange(1000) + RANK + trial
+        handle()
+        agree(np.array_equal(x, np.arange(1000) * P + P * (P - 1) // 2 + P * trial))
+    xs = [np.full(5000, float(RANK + k)) for k in range(4)]
+    requests = [mlcomm.iallreduce(v, algorithm=name) for v in xs]
+    for k, r in enumerate(requests):
+        agree(np.all(r.wait() == P * k + P * (P - 1) / 2))
+
+
+def test_the_layout_is_the_same_on_every_rank():
+    everyone = COMM.allgather(NODES)
+    agree(all(n == NODES for n in everyone) and sorted(r for n in NODES for r in n)
+          == list(range(P)), f"{NODES}")
