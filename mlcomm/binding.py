@@ -180,9 +180,10 @@ class Binding:
         """Run the plan once; a fault ends the job (see the module docstring)."""
         code = self.loop()
         if code != DONE:
-            self._trouble(code)
+            self.trouble(code)
 
-    def _trouble(self, code):
+    def trouble(self, code):
+        """Handle a loop code other than DONE: report a stall and wait on, or end the job."""
         what = self.plan.describe()
         reported = False
         while code == STALLED:

@@ -133,38 +133,49 @@ class Slot:
     what can change in place: each array's dtype and size.
     """
 
-    __slots__ = ("algorithm", "binding", "collective", "comm", "finish", "op", "recv",
-                 "recv_ref", "result", "root", "run", "send", "send_ref", "session",
+    __slots__ = ("algorithm", "binding", "collective", "comm", "finish", "loop", "op", "recv",
+                 "recv_ref", "result", "root", "send", "send_ref", "session", "trouble",
                  "__weakref__")
 
     def __init__(self, session, args, run, binding, finish, result):
         (self.collective, sendbuf, recvbuf, self.op, self.comm, self.algorithm,
          self.root) = args
-        self.session, self.run, self.binding, self.finish = session, run, binding, finish
+        self.session, self.binding, self.finish = session, binding, finish
+        # a binding's loop runs straight away (a code other than 0 goes to its handler);
+        # the mpi algorithm's call returns None
+        self.loop = run if binding is None else binding.loop
+        self.trouble = None if binding is None else binding.trouble
         self.send_ref, self.recv_ref = _ref(sendbuf), _ref(recvbuf)
-        self.send = (sendbuf.dtype, sendbuf.size) if type(sendbuf) is ndarray else None
-        self.recv = (recvbuf.dtype, recvbuf.size) if type(recvbuf) is ndarray else None
+        # what can change in place: the dtype (a new size needs a resize, which NumPy
+        # refuses on a weakly referenced array)
+        self.send = sendbuf.dtype if type(sendbuf) is ndarray else None
+        self.recv = recvbuf.dtype if type(recvbuf) is ndarray else None
         # the caller's own buffer is returned through its weak reference (see remembers)
         self.result = self.recv_ref if result is recvbuf and result is not None else \
             self.send_ref if result is sendbuf and result is not None else _none
+
+    @property
+    def run(self):
+        """Run the bound call once (without the result)."""
+        return self.binding.run if self.binding is not None else self.loop
 
     def __call__(self):
         """Run the bound call again; return what the public call returns."""
         if self.session.progress is not None:
             self.session.progress.drain()
-        self.run()
+        code = self.loop()
+        if code:
+            self.trouble(code)
         if self.finish is not None:
             self.finish()
         return self.result()
 
     def matches(self, collective, sendbuf, recvbuf, op, comm, algorithm, root) -> bool:
         return (self.recv_ref() is recvbuf and self.send_ref() is sendbuf and op is self.op
-                and comm is self.comm and algorithm is self.algorithm
+                and algorithm is self.algorithm and comm is self.comm
                 and collective is self.collective and root == self.root
-                and (self.send is None or sendbuf.dtype is self.send[0]
-                     and sendbuf.size == self.send[1])
-                and (self.recv is None or recvbuf.dtype is self.recv[0]
-                     and recvbuf.size == self.recv[1])
+                and (self.send is None or sendbuf.dtype is self.send)
+                and (self.recv is None or recvbuf.dtype is self.recv)
                 and (self.binding is None or self.binding.live))
 
 

@@ -47,18 +47,26 @@ class Barriers:
         for q in self.node:
             self.tl.wait(t, q, 0)
 
-    def barrier(self, t: int) -> None:
-        """Publish this rank's writes so far and wait for every other rank's."""
+    def post(self, t: int) -> int:
+        """Publish this rank's writes so far; return the post's number."""
         self.posts += 1
         self.tl.post(t, self.posts)
+        return self.posts
+
+    def wait(self, t: int, q: int, count: int) -> None:
+        """Wait for rank ``q``'s post ``count`` (nothing for this rank's own)."""
+        if q != self.tl.rank:
+            self.tl.wait(t, q, count)
+
+    def barrier(self, t: int) -> None:
+        """Publish this rank's writes so far and wait for every other rank's."""
+        count = self.post(t)
         for q in self.node:
-            if q != self.tl.rank:
-                self.tl.wait(t, q, self.posts)
+            self.wait(t, q, count)
 
     def end(self, t: int) -> None:
         """Say that this rank has finished reading the window."""
-        self.posts += 1
-        self.tl.post(t, self.posts)
+        self.post(t)
 
 
 def reduce_slots(tl, t, node, dst, at, count):
@@ -70,10 +78,26 @@ def reduce_slots(tl, t, node, dst, at, count):
         tl.reduce(t, dst, parts[k], left=parts[0] if k == 1 else None)
 
 
+def reduce_as_posted(tl, t, sync, post, dst, at, count):
+    """``dst = slot[node[0]] ⊕ slot[node[1]] ⊕ …`` in local order, each slot awaited (its
+    owner's post ``post``) in the step that first reads it, so a rank reduces what has
+    arrived while later ranks are still writing. Returns the first slot after it."""
+    node = sync.node
+    for k, q in enumerate(node):
+        step = t + max(k - 1, 0)
+        sync.wait(step, q, post)
+        if k:
+            tl.reduce(step, dst, Region(slot(q), at, count),
+                      left=Region(slot(node[0]), at, count) if k == 1 else None)
+    if len(node) == 1:
+        tl.copy(t, dst, Region(slot(node[0]), at, count))
+    return t + max(len(node) - 1, 1)
+
+
 def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES,
           small_bytes=SMALL_BYTES, chunk_bytes=None):
-    """All-reduce through the node window: one barrier for small vectors, two per chunk for
-    large ones; every rank of ``nodes`` (default: all ranks) must be on one node.
+    """All-reduce through the node window, each slot read as soon as its owner has posted
+    it; every rank of ``nodes`` (default: all ranks) must be on one node.
 
     ``small_bytes``: the largest vector written once and read by all; ``chunk_bytes``: the
     largest chunk of the pipeline (default: half a slot, less the result area).
@@ -95,9 +119,9 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
     if count * itemsize <= elements("small_bytes", small_bytes, 1) and count <= slot_elems:
         tl.need_slot(count)
         tl.copy(0, Region(slot(rank), 0, count), mine)
-        sync.barrier(1)
-        reduce_slots(tl, 1, node, whole, 0, count)
-        sync.end(2)
+        posted = sync.post(1)
+        t = reduce_as_posted(tl, 1, sync, posted, whole, 0, count)
+        sync.end(t)
         return tl.schedule(count, count)
     # a slot half holds a chunk and its result part: chunk + ceil(chunk / L) <= slot / 2
     L = len(node)
@@ -109,27 +133,29 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
     half = chunk + -(-chunk // L)  # the slot elements one chunk uses
     starts = list(range(0, count, chunk))
     tl.need_slot(half * (2 if len(starts) > 1 else 1))
-    t = 0
+    tl.copy(0, Region(slot(rank), 0, min(chunk, count)), Region(INPUT, 0, min(chunk, count)))
+    t = 1
     for c, a in enumerate(starts):
         m = min(chunk, count - a)
         base = (c % 2) * half
         parts = chunk_bounds(m, L)
-        if c == 0:  # later chunks are copied in during the previous gather
-            tl.copy(t, Region(slot(rank), base, m), Region(INPUT, a, m))
-        t += 1
-        sync.barrier(t)
-        lo, hi = parts[local], parts[local + 1]  # this rank's part, into its result area
-        reduce_slots(tl, t, node, Region(slot(rank), base + chunk, hi - lo), base + lo, hi - lo)
-        t += 1
-        sync.barrier(t)
+        # reduce-scatter: this rank's part of every slot, into its result area
+        data = sync.post(t)
+        lo, hi = parts[local], parts[local + 1]
+        t = reduce_as_posted(tl, t, sync, data, Region(slot(rank), base + chunk, hi - lo),
+                             base + lo, hi - lo)
+        # all-gather: each part from its owner's result area, once the owner has posted it
+        done = sync.post(t)
+        if c + 1 < len(starts):  # the next chunk goes into the other half meanwhile
+            nxt = starts[c + 1]
+            n = min(chunk, count - nxt)
+            tl.copy(t, Region(slot(rank), ((c + 1) % 2) * half, n), Region(INPUT, nxt, n))
         for j, q in enumerate(node):
             lo, hi = parts[j], parts[j + 1]
+            sync.wait(t, q, done)
             tl.copy(t, Region(OUTPUT, a + lo, hi - lo), Region(slot(q), base + chunk, hi - lo))
-        if c + 1 < len(starts):
-            nxt = starts[c + 1]
-            tl.copy(t, Region(slot(rank), ((c + 1) % 2) * half, min(chunk, count - nxt)),
-                    Region(INPUT, nxt, min(chunk, count - nxt)))
-    sync.end(t + 1)
+            t += 1
+    sync.end(t)
     return tl.schedule(count, count)
 
 

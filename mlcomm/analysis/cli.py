@@ -86,27 +86,23 @@ _NOTES_COLUMNS = ("algorithm", "rounds", "total sent", "max/rank", "fan-in", "in
 
 
 def format_analysis(rows) -> str:
-    """The notes' cost table of analysis rows of one rank count and size (volumes in n).
-
-    The node columns (``syncs``, ``window/rank``) appear when a row synchronises a node.
-    """
-    node = any(r.get("max_rank_syncs") for r in rows)
+    """The notes' cost table of analysis rows of one rank count and size (volumes in n),
+    then a line per algorithm that synchronises a node: its syncs and window reads."""
     dash = lambda v: "-" if v is None else str(v)
-    cells = []
+    cells, window = [], []
     for r in rows:
         p, n = r["ranks"], r["bytes"]
         sent, got = r["max_rank_bytes_sent"], r["max_rank_bytes_received"]
         per_rank = in_n(sent, n, p) if sent == got else \
             f"{in_n(sent, n, p)} out, {in_n(got, n, p)} in"
         cells.append([r["algorithm"], dash(r["rounds"]), in_n(r["total_bytes_sent"], n, p),
-                      per_rank, dash(r["max_fan_in"]), in_n(r["max_round_bytes_in"], n, p)]
-                     + ([dash(r["max_rank_syncs"]), in_n(r["max_rank_window_bytes"], n, p)]
-                        if node else [])
-                     + [_seconds(r["predicted_seconds"]), _seconds(r["formula_seconds"])])
-    columns = list(_NOTES_COLUMNS)
-    if node:
-        columns[6:6] = ["syncs", "window/rank"]
-    return "\n".join(_align(columns, cells))
+                      per_rank, dash(r["max_fan_in"]), in_n(r["max_round_bytes_in"], n, p),
+                      _seconds(r["predicted_seconds"]), _seconds(r["formula_seconds"])])
+        if r.get("max_rank_syncs"):
+            window.append(f"# {r['algorithm']}: {r['max_rank_syncs']} node syncs, "
+                          f"{in_n(r['max_rank_window_bytes'], n, p)} read from peers' "
+                          f"window slots (busiest rank)")
+    return "\n".join(_align(list(_NOTES_COLUMNS), cells) + window)
 
 
 def _load_profile(args):
@@ -126,13 +122,13 @@ def _network(args):
 
 
 def _model_line(net, profile) -> str:
-    """The ``# model:`` line: the constants the simulator ran on."""
-    model = (f"{net.ranks_per_node} ranks/node, inter alpha={net.between_alpha:.3g} "
-             f"beta={net.between_beta:.3g}, nic_ports={net.nic_ports}; "
+    """The ``# model:`` lines: the constants the simulator ran on."""
+    nodes = (f"# nodes: {net.ranks_per_node} ranks/node, inter alpha={net.between_alpha:.3g}s "
+             f"beta={net.between_beta:.3g}s/B, nic_ports={net.nic_ports}\n"
              if net.two_level else "")
     return (f"# model: alpha={net.alpha:.3g}s beta={net.beta:.3g}s/B gamma={net.gamma:.3g}s/B, "
-            f"ports={net.ports or 'unlimited'}; {model}node sync={net.sync_cost:.3g}s, window "
-            f"copy={net.copy_cost:.3g}s/B; profile: {profile.model_source}")
+            f"ports={net.ports or 'unlimited'} ({profile.model_source})\n{nodes}"
+            f"# window: node sync={net.sync_cost:.3g}s, copy={net.copy_cost:.3g}s/B")
 
 
 def _itemsize(dtype) -> int:
@@ -192,7 +188,6 @@ def _analyze(args) -> int:
     if args.format != "table":
         print(format_rows([r for _, _, rows in blocks for r in rows], KEYS, args.format))
         return 0
-    node = False
     for i, (p, nbytes, rows) in enumerate(blocks):
         shown = ", ".join(f"{k}={v}" for k, v in opts.items())
         layout = (f"; {_layout(p, args.ranks_per_node)}"
@@ -200,18 +195,14 @@ def _analyze(args) -> int:
         print(("\n" if i else "") + f"# p = {p} ranks, n = {_bytes(nbytes)} bytes "
               f"({nbytes // itemsize} x {args.dtype}){'; ' + shown if shown else ''}{layout}")
         print(format_analysis(rows))
-        node = node or any(r["max_rank_syncs"] for r in rows)
         skipped = [f"{r['algorithm']} ({not_applicable(r['algorithm'], p, args.ranks_per_node)})"
                    for r in rows if not_applicable(r["algorithm"], p, args.ranks_per_node)]
         if skipped:
             print(f"# not on this layout: {', '.join(skipped)}")
     print("# volumes in multiples of the message size n (raw bytes: --format json or csv)")
-    print("# rounds: the critical path in steps; a node sync (await of a peer's post) is one")
-    print("# max/rank: the most bytes one rank sends")
+    print("# rounds: the critical path in steps (a message or a node sync is one);")
+    print("# max/rank: the most bytes one rank sends (window reads are not on the wire)")
     print("# fan-in, in/round: the most senders to one rank, and bytes into it, in one round")
-    if node:
-        print("# syncs: the most node syncs of one rank; window/rank: the most bytes one rank "
-              "reads from its peers' window slots (not on the wire)")
     print("# simulated: the cost simulator; formula: the closed form")
     print(_model_line(net, profile))
     return 0
@@ -348,6 +339,10 @@ def _explain_cluster(args, nbytes, choice, profile, gamma, itemsize) -> None:
               "<- auto" if r["algorithm"] == choice else ""] for r in rows]
     print("\n".join(_align(["algorithm", "predicted", "vs fastest", "source", ""], cells)))
     print(_model_line(net, profile))
+    if any(r["source"] == "formula" for r in rows) and net.ranks_per_node < args.ranks:
+        print("# formula: the closed form with every message at the inter-node alpha and beta; "
+              "it leaves\n# out the NIC a node's ranks share, so it flatters flat algorithms "
+              "(raise --sim-limit, --sim-seconds)")
     if skipped:
         print(f"not candidates on this layout: {', '.join(skipped)}")
     for line in _why("hierarchical", rows):
@@ -490,14 +485,19 @@ def _model_args(p, cluster: bool) -> None:
                             "(default 1; 0 = unlimited)")
 
 
-def _sim_args(p) -> None:
+#: explain's limits: one rank count and size, so it can afford to simulate more
+EXPLAIN_LIMIT, EXPLAIN_SECONDS = 5_000_000, 30.0
+
+
+def _sim_args(p, limit=None, seconds=None) -> None:
     from .sweep import SIM_LIMIT, SIM_SECONDS
-    p.add_argument("--sim-limit", type=int, default=SIM_LIMIT,
+    limit, seconds = limit or SIM_LIMIT, seconds or SIM_SECONDS
+    p.add_argument("--sim-limit", type=int, default=limit,
                    help="simulate while p x (steps + transfers of one rank) is at most this "
-                        f"(default {SIM_LIMIT}); above it the closed form is used")
-    p.add_argument("--sim-seconds", type=float, default=SIM_SECONDS,
+                        f"(default {limit}); above it the closed form is used")
+    p.add_argument("--sim-seconds", type=float, default=seconds,
                    help="simulate while building all schedules is estimated to take at most "
-                        f"this many seconds (default {SIM_SECONDS:g})")
+                        f"this many seconds (default {seconds:g})")
 
 
 def _schedule_args(p) -> None:
@@ -573,7 +573,7 @@ def register(subparsers) -> None:
     add_algorithms(p, "candidates, comma-separated (default: every algorithm with a schedule "
                       "that runs on the layout)")
     _model_args(p, cluster=True)
-    _sim_args(p)
+    _sim_args(p, EXPLAIN_LIMIT, EXPLAIN_SECONDS)
     p.set_defaults(func=_explain, validate=check(p))
 
     p = subparsers.add_parser(

@@ -109,8 +109,8 @@ def schedule_metrics(program: Program) -> dict:
     and ports are unlimited. A message's round is the time it completes there; fan-in and
     bytes-in per round group a receiver's messages by that round. Volumes count messages
     only: what moves through a node's window is ``max_rank_window_bytes``, the bytes the
-    busiest rank reads from its peers' slots; ``max_rank_syncs`` is the most steps in which
-    one rank awaits its peers.
+    busiest rank reads from its peers' slots; ``max_rank_syncs`` is the most awaits of a
+    peer's post one rank makes (each a flag handed over inside the node).
     """
     p = program.size
     unit = simulate(program, UNIT_NETWORK)
@@ -127,8 +127,7 @@ def schedule_metrics(program: Program) -> dict:
         fan_in = int(np.bincount(pairs // p).max())
     step_rank = np.searchsorted(program.rank_first, np.arange(len(program.step_reduce)),
                                 side="right") - 1
-    syncing = np.unique(program.await_step[program.await_post >= 0])
-    syncs = np.bincount(step_rank[syncing], minlength=p)
+    syncs = np.bincount(step_rank[program.await_step[program.await_post >= 0]], minlength=p)
     window = np.bincount(step_rank, weights=program.step_window_reads, minlength=p)
     return {
         "rounds": rounds,

@@ -11,14 +11,18 @@ _STYLE = {
     "parameter_server": ("tab:pink", "--"), "ring": ("tab:red", "-"),
     "double_binary_tree": ("tab:green", "-"), "recursive_doubling": ("tab:blue", "-"),
     "recursive_halving_doubling": ("tab:purple", "--"),
+    "shared_memory": ("tab:olive", "-"), "hierarchical": ("black", "-"),
 }
 
 
 def plot_sweep(rows, path, title: str | None = None) -> None:
-    """Draw sweep rows: one panel per size (time vs ranks), then time vs bytes.
+    """Draw sweep rows: one panel per size (time vs ranks), then, for three sizes or more,
+    time vs bytes.
 
-    Simulated points are filled markers, closed-form points hollow ones.
+    Simulated points are filled markers, closed-form points hollow ones; rows without a
+    time (an algorithm that cannot run on the layout) are left out.
     """
+    rows = [r for r in rows if r["seconds"] is not None]
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -29,7 +33,7 @@ def plot_sweep(rows, path, title: str | None = None) -> None:
     panels = []
     if len(ranks) > 1:
         panels += [("ranks", n) for n in sizes]
-    if len(sizes) > 1:
+    if len(sizes) > 2 or (len(sizes) > 1 and len(ranks) == 1):
         picks = sorted({ranks[0], ranks[len(ranks) // 2], ranks[-1]})
         panels += [("bytes", p) for p in picks]
     if not panels:
