@@ -82,3 +82,24 @@ def test_the_layout_is_the_same_on_every_rank():
     everyone = COMM.allgather(NODES)
     agree(all(n == NODES for n in everyone) and sorted(r for n in NODES for r in n)
           == list(range(P)), f"{NODES}")
+
+
+@pytest.mark.parametrize("count", [0, 1, 5, 4099, 1 << 20])
+def test_the_other_collectives_through_the_window(count):
+    if not ONE_NODE:
+        pytest.skip("the window's other collectives need one node")
+    kw = {"algorithm": "shared_memory"}
+    blocks = (np.arange(P * count, dtype=np.int64) * (RANK + 1)) % 101
+    part = mlcomm.reduce_scatter(blocks, **kw)
+    agree(np.array_equal(part, reference(COMM, blocks, "sum")[RANK * count:(RANK + 1) * count]),
+          "reduce_scatter")
+    mine = np.full(count, RANK, np.int64)
+    agree(np.array_equal(mlcomm.allgather(mine, **kw), np.repeat(np.arange(P), count)),
+          "allgather")
+    for root in sorted({0, P - 1}):
+        buf = np.arange(count, dtype=np.float64) if RANK == root else np.zeros(count)
+        mlcomm.bcast(buf, root, **kw)
+        agree(np.array_equal(buf, np.arange(count, dtype=np.float64)), f"bcast root {root}")
+        got = mlcomm.reduce(mine, root=root, **kw)
+        agree(RANK != root or np.array_equal(got, np.full(count, P * (P - 1) // 2)),
+              f"reduce root {root}")
