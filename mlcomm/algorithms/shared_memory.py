@@ -133,28 +133,51 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
     half = chunk + -(-chunk // L)  # the slot elements one chunk uses
     starts = list(range(0, count, chunk))
     tl.need_slot(half * (2 if len(starts) > 1 else 1))
-    tl.copy(0, Region(slot(rank), 0, min(chunk, count)), Region(INPUT, 0, min(chunk, count)))
+
+    def copy_in(t, c):
+        """The chunk's parts that other ranks reduce, into this rank's slot half; its own
+        part only when it must be staged (see reduce_part)."""
+        a, base = starts[c], (c % 2) * half
+        parts = chunk_bounds(min(chunk, count - a), L)
+        for j in range(L):
+            if j != local or local >= 2:
+                lo, hi = parts[j], parts[j + 1]
+                tl.copy(t, Region(slot(rank), base + lo, hi - lo), Region(INPUT, a + lo, hi - lo))
+
+    copy_in(0, 0)
     t = 1
     for c, a in enumerate(starts):
         m = min(chunk, count - a)
         base = (c % 2) * half
         parts = chunk_bounds(m, L)
-        # reduce-scatter: this rank's part of every slot, into its result area
-        data = sync.post(t)
         lo, hi = parts[local], parts[local + 1]
-        t = reduce_as_posted(tl, t, sync, data, Region(slot(rank), base + chunk, hi - lo),
-                             base + lo, hi - lo)
-        # all-gather: each part from its owner's result area, once the owner has posted it
+        n = hi - lo
+        # reduce-scatter: this rank's part, every rank's contribution in local order, its
+        # own read where it lies (staged in its slot from local rank 2 on: in place, the
+        # output it writes first is its input)
+        data = sync.post(t)
+        out = Region(OUTPUT, a + lo, n)
+        operand = lambda q: Region(INPUT, a + lo, n) if q == rank and local < 2 else \
+            Region(slot(q), base + lo, n)
+        for k, q in enumerate(node):
+            step = t + max(k - 1, 0)
+            sync.wait(step, q, data)
+            if k:
+                tl.reduce(step, out, operand(q), left=operand(node[0]) if k == 1 else None)
+        t += L - 1
+        tl.copy(t, Region(slot(rank), base + chunk, n), out)  # for the other ranks
+        t += 1
+        # all-gather: each other part from its owner's result area, once posted
         done = sync.post(t)
         if c + 1 < len(starts):  # the next chunk goes into the other half meanwhile
-            nxt = starts[c + 1]
-            n = min(chunk, count - nxt)
-            tl.copy(t, Region(slot(rank), ((c + 1) % 2) * half, n), Region(INPUT, nxt, n))
+            copy_in(t, c + 1)
         for j, q in enumerate(node):
-            lo, hi = parts[j], parts[j + 1]
-            sync.wait(t, q, done)
-            tl.copy(t, Region(OUTPUT, a + lo, hi - lo), Region(slot(q), base + chunk, hi - lo))
-            t += 1
+            if q != rank:
+                lo, hi = parts[j], parts[j + 1]
+                sync.wait(t, q, done)
+                tl.copy(t, Region(OUTPUT, a + lo, hi - lo),
+                        Region(slot(q), base + chunk, hi - lo))
+                t += 1
     sync.end(t)
     return tl.schedule(count, count)
 
