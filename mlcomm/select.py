@@ -13,12 +13,12 @@ import os
 from functools import lru_cache
 
 from .algorithms import ALGORITHMS, AUTO, COLLECTIVES, resolve
-from .schedule import INPUT, Copy
+from .schedule import INPUT, Copy, Recv, Send, slot_owner
 from .profile import DEFAULT_GAMMA, DEFAULT_OP_OVERHEAD, DEFAULT_STEP_OVERHEAD, load_profile
 
 log = logging.getLogger("mlcomm")
 
-__all__ = ["requested", "auto_choice", "explain", "predict", "flat_algorithms"]
+__all__ = ["requested", "auto_choice", "explain", "predict", "flat_algorithms", "auto_candidates"]
 
 
 def requested(algorithm, collective: str, default=None) -> str:
@@ -39,19 +39,25 @@ _PREFER = ("recursive_doubling", "recursive_halving_doubling", "ring", "double_b
 
 
 @lru_cache(maxsize=512)
-def _local_work(name: str, p: int, count: int, itemsize: int) -> tuple:
-    """Steps, local ops and copied bytes the closed forms omit, on the busiest sampled rank.
+def _local_work(name: str, p: int, count: int, itemsize: int, nodes=None) -> tuple:
+    """Message steps, local ops and copied bytes the closed forms omit, on the busiest
+    sampled rank (node synchronisations and window copies are in the closed forms).
 
     Ranks 0, 1, p/2 and p-1 stand in for all: building every rank's schedule is O(p^2).
     """
+    algo = ALGORITHMS[name]
+    context = {"nodes": nodes} if "nodes" in algo.context else {}
     worst = (0, 0, 0.0)
     for rank in sorted({0, min(1, p - 1), p // 2, p - 1}):
-        schedule = ALGORITHMS[name].build(rank, p, count, itemsize)
-        ops = [op for step in schedule.steps for op in step.ops]
+        schedule = algo.build(rank, p, count, itemsize, **context)
+        ops = [op for step in schedule.steps for op in step.ops
+               if not any(slot_owner(r.buffer) is not None for r in (op.dst, op.src))]
         # a copy from input is free in place but not out of place: count it half
         copied = sum(op.dst.count * (0.5 if op.src.buffer == INPUT else 1.0)
                      for op in ops if isinstance(op, Copy))
-        work = (len(schedule.steps), len(ops), copied * itemsize)
+        steps = sum(1 for step in schedule.steps
+                    if any(isinstance(t, (Send, Recv)) for t in step.transfers))
+        work = (steps, len(ops), copied * itemsize)
         worst = max(worst, work, key=lambda w: (w[0] * DEFAULT_STEP_OVERHEAD
                                                  + w[1] * DEFAULT_OP_OVERHEAD + w[2] * DEFAULT_GAMMA))
     return worst
@@ -62,13 +68,26 @@ def flat_algorithms() -> list:
     return [name for name, a in ALGORITHMS.items() if a.build is not None and not a.context]
 
 
-def predict(p: int, nbytes: int, *, profile=None, dtype=None, op=None,
-            candidates=None, itemsize: int = 4) -> dict:
-    """Predicted seconds of every candidate all-reduce.
+def auto_candidates(p: int, nodes=None, device: bool = False) -> list:
+    """The all-reduces ``auto`` weighs for ``p`` ranks on ``nodes``: the flat ones, and the
+    node window's where it applies (host buffers; ``shared_memory`` on one node,
+    ``hierarchical`` across nodes of more than one rank)."""
+    names = flat_algorithms()
+    if device or p == 1:
+        return names
+    if nodes is None or len(nodes) == 1:
+        return names + ["shared_memory"]
+    if max(len(n) for n in nodes) > 1:
+        return names + ["hierarchical"]
+    return names
 
-    The closed form (the profile's alpha, beta, gamma) plus what the Python
-    loop adds per step and per local op, and the local copies, counted on
-    rank 0's schedule.
+
+def predict(p: int, nbytes: int, *, profile=None, dtype=None, op=None,
+            candidates=None, itemsize: int = 4, nodes=None) -> dict:
+    """Predicted seconds of every candidate all-reduce on ``p`` ranks (``nodes``: the layout).
+
+    The closed form (the profile's alpha, beta, gamma) plus what the loop adds per message
+    step and per local op, and the local copies, counted on sampled ranks' schedules.
     """
     if profile is None:
         profile = load_profile()
@@ -77,24 +96,30 @@ def predict(p: int, nbytes: int, *, profile=None, dtype=None, op=None,
     out = {}
     for name in names:
         algo = ALGORITHMS[resolve(name)]
-        steps, ops, copied = _local_work(algo.name, p, nbytes // itemsize, itemsize)
+        options = dict(algo.options)
+        if "nodes" in algo.context:
+            options["nodes"] = nodes
+        steps, ops, copied = _local_work(algo.name, p, nbytes // itemsize, itemsize,
+                                         nodes if algo.context else None)
         out[algo.name] = float(algo.cost(p, nbytes, profile.alpha, profile.beta, gamma,
-                                         **algo.options)
+                                         **options)
                                + steps * profile.step_overhead + ops * profile.op_overhead
                                + copied * gamma)
     return out
 
 
 def explain(p: int, nbytes: int, *, profile=None, dtype=None, op=None, candidates=None,
-            itemsize: int = 4):
-    """Return ``(choice, {name: predicted seconds}, profile)`` for an all-reduce of ``nbytes`` on ``p`` ranks.
+            itemsize: int = 4, nodes=None, device: bool = False):
+    """Return ``(choice, {name: predicted seconds}, profile)`` for an all-reduce of ``nbytes``
+    on ``p`` ranks laid out on ``nodes`` (None: one node).
 
     A tuned choice (``mlcomm tune``) for ``p`` wins over the predictions.
     """
     if profile is None:
         profile = load_profile()
-    times = predict(p, nbytes, profile=profile, dtype=dtype, op=op, candidates=candidates,
-                    itemsize=itemsize)
+    names = candidates or auto_candidates(p, nodes, device)
+    times = predict(p, nbytes, profile=profile, dtype=dtype, op=op, candidates=names,
+                    itemsize=itemsize, nodes=nodes)
     tuned = profile.tuned_choice(p, nbytes)
     if tuned in times:
         return tuned, times, profile
@@ -107,17 +132,23 @@ def explain(p: int, nbytes: int, *, profile=None, dtype=None, op=None, candidate
 
 
 def auto_choice(collective: str, p: int, nbytes: int, *, dtype=None, op=None,
-                itemsize: int = 4) -> str:
+                itemsize: int = 4, nodes=None, device: bool = False) -> str:
     """The measured choice of ``mlcomm tune``, else the least predicted time, as NCCL's tuner picks.
 
-    Each all-reduce algorithm's closed-form cost, plus the loop's
-    per-step and per-op overhead and its local copies, is evaluated with the
-    calibrated profile (``mlcomm calibrate``; built-in defaults without one).
-    ``MLCOMM_DEBUG=1`` logs the choice and every candidate's prediction.
+    Each candidate's closed-form cost (:func:`candidates`: the flat all-reduces and,
+    knowing the node layout, the node window's), plus the loop's per-step and per-op
+    overhead and its local copies, is evaluated with the calibrated profile (``mlcomm
+    calibrate``; built-in defaults without one). ``MLCOMM_DEBUG=1`` logs the choice and
+    every candidate's prediction.
     """
     if collective != "allreduce":
-        return next(name for name, a in COLLECTIVES[collective].items() if a.build is not None)
-    choice, times, profile = explain(p, nbytes, dtype=dtype, op=op, itemsize=itemsize)
+        names = [name for name, a in COLLECTIVES[collective].items() if a.build is not None]
+        single = nodes is None or len(nodes) == 1
+        if single and not device and p > 1 and "shared_memory" in names:
+            return "shared_memory"
+        return next(name for name in names if not COLLECTIVES[collective][name].context)
+    choice, times, profile = explain(p, nbytes, dtype=dtype, op=op, itemsize=itemsize,
+                                     nodes=nodes, device=device)
     if os.environ.get("MLCOMM_DEBUG") == "1":
         ranked = ", ".join(f"{n}={t * 1e6:.1f}us" for n, t in sorted(times.items(), key=lambda kv: kv[1]))
         how = "tuned" if profile.tuned_choice(p, nbytes) == choice else "model"
