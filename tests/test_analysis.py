@@ -552,8 +552,15 @@ def test_window_schedules_simulate_on_even_and_uneven_nodes(p, k):
                 (max(map(len, nodes)) > 1)
             if len(nodes) == 1:
                 assert prog.messages == 0 and res.seconds > 0
-            views = trace(scheds).views  # every rank ends with every contribution once
-            assert all((v == 1).all() for v in views[-1]), (name, p, k, count)
+    # the drawing's symbolic run: every rank ends with every contribution once
+    for name in ("shared_memory", "hierarchical"):
+        if not not_applicable(name, p, k):
+            # the smallest window: chunks of one element per rank of the largest node
+            for count, slot_bytes in ((3, 1 << 20), (2 * p + 1, 16 * (max(map(len, nodes)) + 1))):
+                opts = build_options(name, p, 8 * count, options={"slot_bytes": slot_bytes},
+                                     ranks_per_node=k, network=net)
+                views = trace(build_schedules(name, p, count, 8, **opts)).views
+                assert all((v == 1).all() for v in views[-1]), (name, p, k, count)
 
 
 def test_inter_node_alpha_favours_hierarchical_over_ring():
@@ -645,8 +652,8 @@ def test_cli_covers_the_window_algorithms(tmp_path):
     assert "wrote" in _cli("draw", "-a", "hierarchical", "-p", 6, "--ranks-per-node", 3,
                            "--output", png)
     assert png.read_bytes()[:4] == b"\x89PNG"
-    assert "wrote" in _cli("draw", "-a", "shm", "-p", 4, "-s", 4096, "--option",
-                           "slot_bytes=2048", "--output", tmp_path / "s4.png")
+    assert "wrote" in _cli("draw", "-a", "shm", "-p", 4, "-s", 256, "--option",
+                           "slot_bytes=128", "--output", tmp_path / "s4.png")
 
 
 def test_draw_shows_slot_reads_and_node_syncs():

@@ -265,6 +265,7 @@ def _explain(args) -> int:
     import dataclasses
 
     from ..select import explain
+    from .metrics import node_layout
     if not is_root():
         return 0
     profile = _load_profile(args)
@@ -273,10 +274,11 @@ def _explain(args) -> int:
     if overrides:
         profile = dataclasses.replace(profile, **overrides)
     itemsize = _itemsize(args.dtype) if args.dtype else 4
+    nodes = node_layout(args.ranks, args.ranks_per_node) if args.ranks_per_node else None
     for i, nbytes in enumerate(args.sizes):
         choice, times, profile = explain(args.ranks, nbytes, profile=profile, dtype=args.dtype,
                                          op=args.op, candidates=args.algorithms,
-                                         itemsize=itemsize)
+                                         itemsize=itemsize, nodes=nodes)
         gamma = profile.gamma_for(args.dtype, args.op)
         kernel = " ".join(str(x) for x in (args.dtype, args.op) if x) or "any dtype and op"
         where = "" if args.ranks_per_node is None else f", {_layout(args.ranks, args.ranks_per_node)}"
@@ -293,9 +295,12 @@ def _explain(args) -> int:
         if profile.tuned_choice(args.ranks, nbytes) == choice:
             print(f"auto chooses {choice}: measured fastest for {args.ranks} ranks at the "
                   f"nearest tuned size (mlcomm tune), whatever the model predicts")
-        else:
+        elif args.ranks_per_node is None:
             print(f"auto chooses {choice}: least predicted time (alpha-beta-gamma closed form "
                   f"+ per-step and per-op overhead and copies)")
+        else:
+            print(f"auto chooses {choice}: least predicted time of its own model (the closed "
+                  f"forms with the profile on this layout), not the simulator above")
     return 0
 
 
@@ -340,9 +345,9 @@ def _explain_cluster(args, nbytes, choice, profile, gamma, itemsize) -> None:
     print("\n".join(_align(["algorithm", "predicted", "vs fastest", "source", ""], cells)))
     print(_model_line(net, profile))
     if any(r["source"] == "formula" for r in rows) and net.ranks_per_node < args.ranks:
-        print("# formula: the closed form with every message at the inter-node alpha and beta; "
-              "it leaves\n# out the NIC a node's ranks share, so it flatters flat algorithms "
-              "(raise --sim-limit, --sim-seconds)")
+        print("# formula: the closed form with every message at the inter-node alpha and beta;\n"
+              "# it leaves out the NIC a node's ranks share, so it flatters flat algorithms\n"
+              "# (raise --sim-limit or --sim-seconds to simulate them)")
     if skipped:
         print(f"not candidates on this layout: {', '.join(skipped)}")
     for line in _why("hierarchical", rows):

@@ -47,14 +47,16 @@ def not_applicable(name: str, p: int, ranks_per_node: int | None = None) -> str 
 
 def inter_choice(nodes: int, nbytes: int, network: Network, itemsize: int = 8) -> str:
     """What ``inter="auto"`` resolves to here: ``auto``'s choice for ``nbytes`` on ``nodes``
-    ranks with the inter-node alpha and beta (and ``network``'s gamma) as its profile."""
+    ranks, one per node, with the inter-node alpha and beta (and ``network``'s gamma) as
+    its profile."""
     from ..profile import Profile
     from ..select import explain, flat_algorithms
     if nodes < 2:
         return flat_algorithms()[0]
     profile = Profile(alpha=network.between_alpha, beta=network.between_beta,
                       gamma=network.gamma)
-    return explain(nodes, nbytes, profile=profile, itemsize=itemsize)[0]
+    return explain(nodes, nbytes, profile=profile, itemsize=itemsize,
+                   nodes=tuple((r,) for r in range(nodes)))[0]
 
 
 def build_options(name: str, p: int, nbytes: int, *, itemsize: int = 8,

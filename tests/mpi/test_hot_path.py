@@ -43,9 +43,12 @@ def test_compiled_loop_is_bitwise_the_python_loop(dtype, op):
             x = _input(dt, op, count)
             x.flags.writeable = False  # the input is read-only to both loops
             out = np.empty_like(x)
-            plan = s.plan("allreduce", name, count, dt, op, {})
-            fast = Binding(s.comm, plan, x, out, s.settings)
-            slow = Binding(s.comm, plan, x, out, Settings(rank=RANK, compiled=False))
+            context = s.context(mlcomm.ALGORITHMS[name].context)
+            plan = s.plan("allreduce", name, count, dt, op, context)
+            window = s.window() if plan.program.node_size else None
+            fast = Binding(s.comm, plan, x, out, s.settings, window=window)
+            slow = Binding(s.comm, plan, x, out, Settings(rank=RANK, compiled=False),
+                           window=window)
             agree(fast.compiled == compiled_supports(dt, op) and not slow.compiled,
                   f"{name} {dt} {op}: compiled loop used where unsupported or vice versa")
             fast.run()
@@ -56,8 +59,8 @@ def test_compiled_loop_is_bitwise_the_python_loop(dtype, op):
             agree(first.tobytes() == out.tobytes(), f"{name} {dt} {op} count={count}")
             inplace = [x.copy(), x.copy()]  # in place: the other reduce kinds
             for buf, settings in zip(inplace, (s.settings, Settings(rank=RANK, compiled=False))):
-                plan = s.plan("allreduce", name, count, dt, op, {}, alias=0)
-                bound = Binding(s.comm, plan, buf, buf, settings)
+                plan = s.plan("allreduce", name, count, dt, op, context, alias=0)
+                bound = Binding(s.comm, plan, buf, buf, settings, window=window)
                 bound.run()
                 bound.free()
             agree(inplace[0].tobytes() == inplace[1].tobytes() == first.tobytes(),
