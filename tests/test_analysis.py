@@ -614,18 +614,20 @@ def test_hierarchical_is_the_fastest_at_4096_ranks_and_16MiB():
     path = critical_path(prog, res, net)
     assert max((v, key) for key, v in path.items() if key != "counts")[1] == \
         "waiting for a port or NIC"
+    # every flat algorithm's closed form at the inter-node constants leaves out the NIC its
+    # node's 8 ranks share, so it flatters it; where even that is not slower, simulate
     times = {}
-    for name in ("double_binary_tree", "recursive_doubling", "recursive_halving_doubling"):
-        row = predict_time(name, p, nbytes, network=net, ranks_per_node=k, limit=10 ** 7,
-                           seconds=1e9)
-        assert row["source"] == "simulated"
-        times[name] = row["seconds"]
-    # too big to simulate here: their closed forms at the inter-node constants, which
-    # leave out the shared NIC and so favour them
-    for name in ("naive", "single_master", "parameter_server", "ring"):
-        times[name] = formula_seconds(name, p, nbytes, net, {}, k)
-    assert hier < min(times.values()), (hier, times)
-    assert hier < 0.9 * times["double_binary_tree"]
+    for name in ("naive", "single_master", "parameter_server", "ring", "double_binary_tree",
+                 "recursive_doubling", "recursive_halving_doubling"):
+        times[name] = formula_seconds(name, p, nbytes, net, {}, k), "formula"
+        if times[name][0] <= hier:
+            row = predict_time(name, p, nbytes, network=net, ranks_per_node=k, limit=10 ** 7,
+                               seconds=1e9)
+            times[name] = row["seconds"], row["source"]
+    assert hier < min(t for t, _ in times.values()), (hier, times)
+    simulated = {name for name, (_, source) in times.items() if source == "simulated"}
+    assert {"double_binary_tree", "recursive_halving_doubling"} <= simulated
+    assert hier < 0.9 * times["double_binary_tree"][0]
 
 
 def test_cli_covers_the_window_algorithms(tmp_path):
