@@ -277,8 +277,11 @@ def _info(args) -> int:
     from .algorithms import COLLECTIVES
     from .gpu import cuda_aware_decision
     from .kernels import backends
+    from .libmpi import describe
     from .profile import load_profile
+    from .session import get as session_of
     from .staging import chunk_bytes
+    session = session_of(MPI.COMM_WORLD)  # collective: the node layout is agreed
     if MPI.COMM_WORLD.Get_rank():
         return 0
     print(f"mlcomm      {version('mlcomm')}")
@@ -287,6 +290,11 @@ def _info(args) -> int:
     print(f"mpi4py      {mpi4py.__version__}")
     print(f"MPI         {MPI.Get_library_version().splitlines()[0].strip()}")
     print(f"MPI std     {'.'.join(map(str, MPI.Get_version()))}, {MPI.COMM_WORLD.Get_size()} ranks")
+    print(f"libmpi      {describe()}")
+    sizes = sorted({len(n) for n in session.nodes})
+    print(f"nodes       {len(session.nodes)} of {'/'.join(map(str, sizes))} ranks "
+          f"(MLCOMM_RANKS_PER_NODE), window {session.slot_bytes} bytes per rank "
+          f"(MLCOMM_SHM_BYTES)")
     print(f"CUDA-aware  {cuda_aware_decision()}")
     print(f"staging     {chunk_bytes()}-byte chunks when not CUDA-aware "
           f"(MLCOMM_STAGING_CHUNK_BYTES)")

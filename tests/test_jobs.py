@@ -29,7 +29,8 @@ def dry_run(script, *args, **env):
 def test_every_script_is_covered_and_parses():
     scripts = sorted(p.name for p in JOBS.iterdir() if p.suffix in (".sbatch", ".pbs", ".sh"))
     assert scripts == ["mpiexec_hostfile.sh", "pbs_bench.pbs", "slurm_bench.sbatch",
-                       "slurm_gpu.sbatch", "slurm_train.sbatch", "slurm_tune.sbatch"]
+                       "slurm_gpu.sbatch", "slurm_hierarchical.sbatch", "slurm_train.sbatch",
+                       "slurm_tune.sbatch"]
     for name in scripts:
         subprocess.run(["bash", "-n", str(JOBS / name)], check=True)
         text = (JOBS / name).read_text()
@@ -56,6 +57,32 @@ def test_slurm_tune():
     cmd = dry_run("slurm_tune.sbatch", "--max-bytes", "64M", NODES="4", TASKS_PER_NODE="8")
     assert cmd == ["srun", "--mpi=pmix", "--nodes=4", "--ntasks-per-node=8",
                    "mlcomm", "tune", "--no-progress", "--max-bytes", "64M"]
+
+
+def test_slurm_hierarchical_sets_ranks_per_node():
+    head = (JOBS / "slurm_hierarchical.sbatch").read_text().split("set -euo")[0]
+    assert "#SBATCH --ntasks-per-node=8" in head and "MLCOMM_RANKS_PER_NODE" in head
+    tail = ["mlcomm", "bench", "--check", "-a", "hierarchical,ring,recursive_doubling",
+            "--sizes", "8,64K,16M", "--output", "mlcomm-hierarchical-9.json",
+            "--plot", "mlcomm-hierarchical-9.png", "--iters", "5"]
+    # across nodes: no shared_memory, which needs every rank on one node
+    cmd = dry_run("slurm_hierarchical.sbatch", "--iters", "5", SLURM_JOB_NUM_NODES="4",
+                  SLURM_NTASKS_PER_NODE="8", SLURM_JOB_ID="9")
+    assert cmd == ["srun", "--mpi=pmix", "--nodes=4", "--ntasks-per-node=8", *tail]
+    # one node: shared_memory too
+    cmd = dry_run("slurm_hierarchical.sbatch", "--iters", "5", NODES="1", TASKS_PER_NODE="8",
+                  SLURM_JOB_ID="9")
+    assert cmd[4:] == [*tail[:4], "hierarchical,shared_memory,ring,recursive_doubling",
+                       *tail[5:]]
+    # virtual nodes of 4 on one machine: passed to every rank, no shared_memory
+    cmd = dry_run("slurm_hierarchical.sbatch", "--iters", "5", NODES="1", TASKS_PER_NODE="8",
+                  MLCOMM_RANKS_PER_NODE="4", SLURM_JOB_ID="9")
+    assert cmd == ["srun", "--mpi=pmix", "--nodes=1", "--ntasks-per-node=8",
+                   "--export=ALL,MLCOMM_RANKS_PER_NODE=4", *tail]
+    # the options it passes are the bench's own, and its algorithms are known
+    from mlcomm.cli import _parser
+    args = _parser().parse_args(cmd[5:])
+    assert args.algorithms == ["hierarchical", "ring", "recursive_doubling"]
 
 
 def test_pbs_bench():
