@@ -278,7 +278,10 @@ def test_auto_follows_the_profile(tmp_path, monkeypatch):
     path = tmp_path / "profile.json"
     monkeypatch.setenv("MLCOMM_PROFILE", str(path))
     save_profile(Profile(alpha=1e-3, beta=1e-12, gamma=1e-12), path)
-    assert auto_choice("allreduce", 16, 1 << 20) == "recursive_doubling"  # latency-bound
+    # latency-bound: on one node the window (no message at all), else the fewest rounds
+    assert auto_choice("allreduce", 16, 1 << 20) == "shared_memory"
+    assert auto_choice("allreduce", 16, 1 << 20,
+                       nodes=tuple((r,) for r in range(16))) == "recursive_doubling"
     save_profile(Profile(alpha=1e-9, beta=1e-8, gamma=1e-12), path)
     load_profile.__globals__["_cache"].clear()
     choice, times, prof = explain(12, 1 << 20)

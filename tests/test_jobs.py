@@ -81,7 +81,7 @@ def test_slurm_hierarchical_sets_ranks_per_node():
                    "--export=ALL,MLCOMM_RANKS_PER_NODE=4", *tail]
     # the options it passes are the bench's own, and its algorithms are known
     from mlcomm.cli import _parser
-    args = _parser().parse_args(cmd[5:])
+    args = _parser().parse_args(cmd[6:])
     assert args.algorithms == ["hierarchical", "ring", "recursive_doubling"]
 
 
