@@ -345,9 +345,8 @@ def _explain_cluster(args, nbytes, choice, profile, gamma, itemsize) -> None:
     print("\n".join(_align(["algorithm", "predicted", "vs fastest", "source", ""], cells)))
     print(_model_line(net, profile))
     if any(r["source"] == "formula" for r in rows) and net.ranks_per_node < args.ranks:
-        print("# formula: the closed form with every message at the inter-node alpha and beta;\n"
-              "# it leaves out the NIC a node's ranks share, so it flatters flat algorithms\n"
-              "# (raise --sim-limit or --sim-seconds to simulate them)")
+        print("# formula: the closed form, every message at the inter-node alpha and beta and no\n"
+              "# NIC shared by a node's ranks (raise --sim-limit or --sim-seconds to simulate)")
     if skipped:
         print(f"not candidates on this layout: {', '.join(skipped)}")
     for line in _why("hierarchical", rows):

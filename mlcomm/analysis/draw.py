@@ -258,7 +258,8 @@ def draw_schedule(schedules, path, title: str | None = None) -> None:
         handles += [Line2D([], [], color="0.3", ls="--", lw=0.9, label="read of a peer's slot"),
                     Patch(fill=False, edgecolor="0.45", ls="--", label="node sync")]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.01),
-              ncol=min(len(handles), 7), fontsize=7, frameon=False)
+              ncol=min(len(handles), 7, max(3, int(fig_w / 1.4))), fontsize=7,
+              frameon=False)
     ax.set_xlim(-2.8, x0(rounds) + count * box + 0.3)
     ax.set_ylim(-0.4, y0(0) + box + 1.0)
     ax.set_aspect("equal")
