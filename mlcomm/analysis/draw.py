@@ -260,7 +260,7 @@ def draw_schedule(schedules, path, title: str | None = None) -> None:
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.01),
               ncol=min(len(handles), 7, max(3, int(fig_w / 1.4))), fontsize=7,
               frameon=False)
-    ax.set_xlim(-2.8, x0(rounds) + count * box + 0.3)
+    ax.set_xlim(-2.8, x0(rounds) + count * box + 0.6)
     ax.set_ylim(-0.4, y0(0) + box + 1.0)
     ax.set_aspect("equal")
     ax.axis("off")
