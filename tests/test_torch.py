@@ -185,7 +185,7 @@ def test_train_torch_cnn_accuracy_timeline_and_bytes(tmp_path):
     rows = read_metrics(metrics)
     assert len(rows) == 120 and rows[-1]["mode"] == "torch ddp"
     # at p = 2 each rank sends every bucket once (the ring: one half each way twice), and
-    # the two float64 loss and stop values (auto: recursive doubling), every step
+    # the two float64 loss and stop values (recursive doubling), every step
     n_params = 16 * 9 + 16 + 32 * 16 * 9 + 32 + 512 * 128 + 128 + 128 * 10 + 10
     assert all(r["bytes_sent"] == 4 * n_params + 16 for r in rows), rows[0]["bytes_sent"]
 

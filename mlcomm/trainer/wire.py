@@ -1,10 +1,13 @@
 """Counted sends: every message a gradient-exchange mode sends goes through a :class:`Wire`.
 
-Collectives run on mlcomm's own algorithms, whose transport counts each message's bytes
-where it is posted (:meth:`mlcomm.session.Session.bytes_sent`); the Wire takes the
-differences of that counter. Point-to-point messages are posted here and count the bytes
-of the buffer posted. MPI's own algorithm (``--algorithm mpi``) is MPI's business: mlcomm
-does not see its messages, so they are not counted.
+Collectives run on mlcomm's own algorithms, whose MPI transport counts each message's
+bytes where it is posted (:meth:`mlcomm.session.Session.bytes_sent`); the Wire takes the
+differences of that counter. The Wire's own collectives (the compressors' allgather, the
+broadcasts, the small loss and flag all-reduces) use message-passing algorithms, so that
+their bytes are always counted. Point-to-point messages are posted here and count the
+bytes of the buffer posted. Not counted: MPI's own algorithm (``--algorithm mpi``), whose
+messages mlcomm does not see, and what the node-window algorithms (``shared_memory``,
+``hierarchical``) copy through shared memory, which is no message.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ from mpi4py import MPI
 from ..api import IN_PLACE, allgather, allreduce, allreduce_init, bcast
 from ..session import get as session_of
 
-__all__ = ["Wire"]
+__all__ = ["Wire", "ALGORITHM"]
+
+#: the algorithm of the Wire's own collectives: message passing, counted by the transport
+ALGORITHM = {"allreduce": "recursive_doubling", "allgather": "ring", "bcast": "binary_tree"}
 
 
 def _typed(buf):
@@ -64,18 +70,21 @@ class Wire:
     # collectives: mlcomm's, counted by its transport
 
     def allreduce_init(self, buf: np.ndarray, algorithm: str | None = None, op="sum"):
-        """A persistent in-place mlcomm reduction of ``buf`` (default auto): each call, or
-        ``start()`` and ``wait()``, reduces what it holds then."""
-        return allreduce_init(IN_PLACE, buf, op, comm=self.comm, algorithm=algorithm)
+        """A persistent in-place mlcomm reduction of ``buf`` with ``algorithm`` (default
+        :data:`ALGORITHM`'s): each call, or ``start()`` and ``wait()``, reduces what it
+        holds then."""
+        return allreduce_init(IN_PLACE, buf, op, comm=self.comm,
+                              algorithm=algorithm or ALGORITHM["allreduce"])
 
     def allreduce(self, buf: np.ndarray, algorithm: str | None = None, op="sum") -> np.ndarray:
-        """Reduce ``buf`` in place with mlcomm's ``algorithm`` (default auto)."""
-        return allreduce(IN_PLACE, buf, op, comm=self.comm, algorithm=algorithm)
+        """Reduce ``buf`` in place with mlcomm's ``algorithm`` (default :data:`ALGORITHM`'s)."""
+        return allreduce(IN_PLACE, buf, op, comm=self.comm,
+                         algorithm=algorithm or ALGORITHM["allreduce"])
 
     def allgather(self, buf: np.ndarray) -> np.ndarray:
         """Every rank's ``buf`` (the same size on every rank), rank by rank, in one array."""
-        return allgather(buf, comm=self.comm)
+        return allgather(buf, comm=self.comm, algorithm=ALGORITHM["allgather"])
 
     def bcast(self, buf: np.ndarray, root: int = 0) -> np.ndarray:
         """``root``'s ``buf`` into every rank's ``buf``, in place."""
-        return bcast(buf, root, comm=self.comm)
+        return bcast(buf, root, comm=self.comm, algorithm=ALGORITHM["bcast"])
