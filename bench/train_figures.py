@@ -223,7 +223,7 @@ def _plot_compress(meta):
                      label=label, lw=1.2)
         axes[1].plot([r["step"] for r in rows], [r["loss"] for r in rows], label=label, lw=1)
     axes[0].set_xscale("log")
-    axes[0].set_xlabel("bytes sent by rank 0 (cumulative)")
+    axes[0].set_xlabel("bytes sent by rank 0 (cumulative, counted by mlcomm's transport)")
     axes[0].set_ylabel("test accuracy")
     axes[0].set_ylim(0.5, 1.0)
     axes[1].set_yscale("log")
@@ -233,7 +233,7 @@ def _plot_compress(meta):
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8, title="--compress")
     fig.suptitle(f"BSP gradient compression on digits, {meta['ranks']} ranks "
-                 f"(dense: {meta['algorithm']} all-reduce; compressed: MPI_Allgatherv)")
+                 f"(dense, fp16: {meta['algorithm']} all-reduce; top-k, QSGD: ring allgather)")
     _save(fig, "train_compress.png")
     print("compress:")
     for label, rows in comp.items():
