@@ -205,3 +205,23 @@ def test_train_torch_cnn_accuracy_timeline_and_bytes(tmp_path):
         pid == e["pid"] and e["ts"] < end and e["ts"] + e["dur"] > start
         for pid, start, end in backward)]
     assert overlapping, "no bucket all-reduce overlaps a backward span"
+
+
+def test_bench_scripts_check_their_sums_and_write_their_records(tmp_path):
+    """bench/torch_gloo.py and bench/overlap.py run (few rounds) and write their JSON."""
+    from conftest import ROOT
+    gloo, overlap = tmp_path / "gloo.json", tmp_path / "overlap.json"
+    proc = mpirun(2, [ROOT / "bench" / "torch_gloo.py", "--sizes", "8,64K", "--rounds", "1",
+                      "--output", gloo], timeout=120)
+    rows = json.loads(gloo.read_text())["rows"]
+    assert [r["bytes"] for r in rows] == [8, 65536], proc.stdout
+    assert set(rows[0]["time_us"]) == {"mlcomm", "handle", "gloo", "mpi"}
+    assert "mlcomm/gloo" in proc.stdout
+    proc = mpirun(2, [ROOT / "bench" / "overlap.py", "--sizes", "64K", "--rounds", "1",
+                      "--hidden", "64", "--batch", "4", "--output", overlap], timeout=120)
+    rec = json.loads(overlap.read_text())
+    assert {r["contestant"] for r in rec["allreduce"]} == {
+        "mlcomm iallreduce", "mlcomm start()", "MPI_Iallreduce", "MPI_Iallreduce + MPI_Test"}
+    assert set(rec["ddp"]["step_ms"]) == {"no communication", "DDP, all-reduce during backward",
+                                          "DDP, all-reduce after backward"}
+    assert "overlap" in proc.stdout
