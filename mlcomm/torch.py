@@ -27,6 +27,7 @@ import threading
 import time
 
 import torch
+from mpi4py import MPI
 
 from .api import IN_PLACE, allreduce_init, bcast
 
@@ -130,8 +131,9 @@ class DistributedDataParallel(torch.nn.Module):
 
     A parameter's ``.grad`` becomes a view into its bucket at its first gradient (one copy)
     and stays one while ``optimizer.zero_grad(set_to_none=False)`` zeroes it; after
-    ``zero_grad()`` (to None) each backward copies the new gradient into the bucket. Within ``with ddp.no_sync():`` backward accumulates local gradients and
-    all-reduces nothing. :attr:`last_backward` describes the last backward: ``buckets``,
+    ``zero_grad()`` (to None) each backward copies the new gradient into the bucket.
+    Within ``with ddp.no_sync():`` backward accumulates local gradients and all-reduces
+    nothing. :attr:`last_backward` describes the last backward: ``buckets``,
     ``started_by_hooks`` (buckets started during backward) and ``wait_s`` (the time
     backward's end spent waiting for all-reduces).
     """
@@ -144,7 +146,6 @@ class DistributedDataParallel(torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
         if not bucket_cap_mb >= 0:
             raise ValueError(f"bucket_cap_mb must be >= 0, got {bucket_cap_mb!r}")
-        from mpi4py import MPI
         self.module = module
         self.comm = MPI.COMM_WORLD if comm is None else comm
         self.find_unused_parameters = find_unused_parameters
