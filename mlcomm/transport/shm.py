@@ -43,7 +43,7 @@ class NodeWindow:
 
     def __init__(self, node, slot_bytes: int):
         self.node, self.slot_bytes = node, slot_bytes
-        size = CONTROL_BYTES + slot_bytes
+        size = 2 * CONTROL_BYTES + slot_bytes  # room to align the flag and the slot
         win, error = None, None
         try:
             win = MPI.Win.Allocate_shared(size, 1, comm=node)
@@ -64,9 +64,10 @@ class NodeWindow:
         bases = [win.Shared_query(r)[0] for r in range(node.Get_size())]
         self.segments = [MPI.buffer(b).address for b in bases]
         self._keep = bases
-        #: the address of each local rank's flag and of its slot
-        self.flags = self.segments
-        self.slots = [a + CONTROL_BYTES for a in self.segments]
+        #: the address of each local rank's flag and of its slot, each on its own cache lines
+        align = lambda a: -(-a // CONTROL_BYTES) * CONTROL_BYTES
+        self.flags = [align(a) for a in self.segments]
+        self.slots = [f + CONTROL_BYTES for f in self.flags]
         win.Fence()  # the zeroed flags are visible to every rank before any post
 
     def slot_array(self, local: int, dtype) -> np.ndarray:
