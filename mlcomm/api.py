@@ -165,8 +165,8 @@ def _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
     """
     args = (collective, sendbuf, recvbuf, op, comm, algorithm, root)
     remember = not options and validate is None and not _VALIDATE and (
-        type(sendbuf) is np.ndarray or is_in_place(sendbuf)) and (
-        type(recvbuf) is np.ndarray or recvbuf is None)
+        type(sendbuf) is np.ndarray or is_in_place(sendbuf) or tensors.is_tensor(sendbuf)) and (
+        type(recvbuf) is np.ndarray or recvbuf is None or tensors.is_tensor(recvbuf))
     session, out, run, binding, finish = _bind_host(*args, validate, options)
     session.wait_started()
     run()

@@ -134,8 +134,8 @@ class Slot:
     """
 
     __slots__ = ("algorithm", "binding", "collective", "comm", "finish", "loop", "op", "recv",
-                 "recv_ref", "result", "root", "send", "send_ref", "session", "trouble",
-                 "__weakref__")
+                 "recv_memory", "recv_ref", "result", "root", "send", "send_memory",
+                 "send_ref", "session", "trouble", "__weakref__")
 
     def __init__(self, session, args, run, binding, finish, result):
         (self.collective, sendbuf, recvbuf, self.op, self.comm, self.algorithm,
@@ -147,9 +147,9 @@ class Slot:
         self.trouble = None if binding is None else binding.trouble
         self.send_ref, self.recv_ref = _ref(sendbuf), _ref(recvbuf)
         # what can change in place: the dtype (a new size needs a resize, which NumPy
-        # refuses on a weakly referenced array)
-        self.send = sendbuf.dtype if type(sendbuf) is ndarray else None
-        self.recv = recvbuf.dtype if type(recvbuf) is ndarray else None
+        # refuses on a weakly referenced array); a tensor's storage too (set_, resize_)
+        self.send, self.send_memory = _layout(sendbuf)
+        self.recv, self.recv_memory = _layout(recvbuf)
         # the caller's own buffer is returned through its weak reference (see remembers)
         self.result = self.recv_ref if result is recvbuf and result is not None else \
             self.send_ref if result is sendbuf and result is not None else _none
@@ -176,7 +176,21 @@ class Slot:
                 and collective is self.collective and root == self.root
                 and (self.send is None or sendbuf.dtype is self.send)
                 and (self.recv is None or recvbuf.dtype is self.recv)
+                and (self.send_memory is None
+                     or (sendbuf.data_ptr(), sendbuf.numel()) == self.send_memory)
+                and (self.recv_memory is None
+                     or (recvbuf.data_ptr(), recvbuf.numel()) == self.recv_memory)
                 and (self.binding is None or self.binding.live))
+
+
+def _layout(buf):
+    """``(dtype, memory)`` a repeat must find unchanged: an array's dtype; a tensor's dtype
+    and ``(data_ptr, numel)``; nothing for other buffers."""
+    if type(buf) is ndarray:
+        return buf.dtype, None
+    if hasattr(buf, "data_ptr") and hasattr(buf, "numel"):
+        return buf.dtype, (buf.data_ptr(), buf.numel())
+    return None, None
 
 
 def _ref(obj):

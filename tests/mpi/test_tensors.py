@@ -66,3 +66,21 @@ def test_other_collectives_on_tensors():
 def test_a_non_contiguous_tensor_is_refused():
     with pytest.raises(ValueError, match="non-contiguous tensor; pass sendbuf.contiguous"):
         mlcomm.allreduce(torch.ones(4, 4).t())
+
+
+def test_repeated_tensor_calls_take_the_slot_and_see_storage_changes():
+    from mlcomm import session
+    x, y = torch.full((6,), float(RANK)), torch.empty(6)
+    mlcomm.allreduce(x, y, algorithm="ring")
+    slot = session.SLOTS.get(session.slot_key(x, y, "ring"))
+    agree(slot is not None, "a repeated tensor call has no slot")
+    for trial in range(3):
+        x.fill_(RANK + trial)
+        agree(torch.all(mlcomm.allreduce(x, y, algorithm="ring") == P * trial + P * (P - 1) / 2))
+    y.set_(torch.empty(6).untyped_storage())  # new storage: the slot must not run
+    x.fill_(1.0)
+    got = mlcomm.allreduce(x, y, algorithm="ring")
+    agree(got is y and torch.all(y == P), f"{y}")
+    x.resize_(4)
+    y.resize_(4)
+    agree(torch.all(mlcomm.allreduce(x, y, algorithm="ring") == P), "resized tensors")
