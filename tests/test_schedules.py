@@ -147,7 +147,8 @@ def test_shared_memory_and_hierarchical_exact_with_random_nodes(p):
                             "double_binary_tree"])
         check_collective(build_schedules("hierarchical", p, count, nodes=_random_nodes(p, rng),
                                          slot_bytes=slot_bytes, inter=inter,
-                                         intra=rng.choice(("shared_memory", "direct"))),
+                                         intra=rng.choice(("shared_memory", "direct")),
+                                         part_bytes=rng.choice((8, 4096))),
                          in_place=bool(count % 3))
 
 

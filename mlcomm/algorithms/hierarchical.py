@@ -7,8 +7,9 @@ local rank i handles every part j with j mod L = i. Each part is reduced inside 
 handler, ``intra="direct"``), then all-reduced across the nodes by the ranks that handle it,
 one per node, with the flat algorithm ``inter``, and finally copied to every rank of each
 node. Every node's ranks and links work at once, and nodes of any sizes fit (5 ranks as
-2 + 2 + 1: the single rank handles both parts). With the window, a vector larger than half
-a slot goes in rounds.
+2 + 2 + 1: the single rank handles both parts). Through the window the parts go in
+rounds of half a slot, each part's inter-node all-reduce once over the whole part. A
+vector under two ``part_bytes`` is one part.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from ..schedule import INPUT, OUTPUT, SCRATCH, Copy, Recv, Reduce, Region, Send,
     chunk_bounds, slot
 from ._common import elements
 from ._registry import COLLECTIVES, register
-from .shared_memory import DEFAULT_SLOT_BYTES, Barriers, node_of, reduce_slots
+from .shared_memory import DEFAULT_SLOT_BYTES, Barriers, exchange, node_of, reduce_as_posted
 
-__all__ = ["build", "cost", "embed", "INTRA"]
+__all__ = ["build", "cost", "embed", "INTRA", "PART_BYTES"]
 
 INTRA = ("shared_memory", "direct")
+#: the smallest part: a vector under two of them is one part, crossing nodes once per node
+PART_BYTES = 4096
 
 
 def embed(tl: Timeline, t: int, sub, peers, offset: int) -> int:
@@ -48,10 +51,11 @@ def embed(tl: Timeline, t: int, sub, peers, offset: int) -> int:
 
 
 def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES, inter="ring",
-          intra="shared_memory", inter_options=()):
+          intra="shared_memory", inter_options=(), part_bytes=PART_BYTES):
     """Reduce-scatter inside each node, ``inter`` across nodes per part, all-gather inside
     each node (see the module docstring). ``inter_options`` are ``inter``'s options, as
-    ``(name, value)`` pairs."""
+    ``(name, value)`` pairs; a part holds at least ``part_bytes`` (so a tiny vector is one
+    part, handled by one rank per node)."""
     if intra not in INTRA:
         raise ValueError(f"intra={intra!r}: choose one of {', '.join(INTRA)}")
     flat = COLLECTIVES["allreduce"].get(inter)
@@ -62,74 +66,83 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
     nodes = tuple(tuple(n) for n in nodes) if nodes is not None else (tuple(range(size)),)
     node = node_of(rank, size, nodes)
     local, L = node.index(rank), len(node)
-    parts = max(len(n) for n in nodes)
+    largest = max(len(n) for n in nodes)
+    parts = max(1, min(largest, count * itemsize // elements("part_bytes", part_bytes, 1)))
+    pb = chunk_bounds(count, parts)
+    part = lambda j, at=0, n=None: Region(OUTPUT, pb[j] + at,
+                                          pb[j + 1] - pb[j] - at if n is None else n)
+    mine = [j for j in range(parts) if j % L == local]
     window = intra == "shared_memory" and L > 1
     tl = Timeline(rank, size)
-    whole, mine = Region(OUTPUT, 0, count), Region(INPUT, 0, count)
     if count == 0:
         return tl.schedule(count, count)
     if size == 1:
-        tl.copy(0, whole, mine)
+        tl.copy(0, Region(OUTPUT, 0, count), Region(INPUT, 0, count))
         return tl.schedule(count, count)
-    # every rank cuts the vector into the same rounds, whether its own node uses the window
-    room = count
-    if intra == "shared_memory" and parts > 1:
-        room = elements("slot_bytes", slot_bytes, itemsize) // 2
-        if room < parts:
-            raise ValueError(f"slot_bytes={slot_bytes} is too small for parts of {parts} "
-                             f"ranks: give the window more bytes (MLCOMM_SHM_BYTES)")
-    room = min(room, count)
-    sync = Barriers(tl, node) if window else None
-    if window:
-        sync.begin(0)
     t = 0
-    mine_parts = [j for j in range(parts) if j % L == local]
-    starts = list(range(0, count, room))
-    for r, a in enumerate(starts):
-        m = min(room, count - a)
-        pb = chunk_bounds(m, parts)
-        piece = lambda j, buf=OUTPUT, at=a: Region(buf, at + pb[j], pb[j + 1] - pb[j])
-        # 1. reduce each part inside the node, into its handler's output
-        if window:
-            tl.need_slot(2 * room)
-            if r == 0:
-                tl.copy(t, Region(slot(rank), 0, m), Region(INPUT, a, m))
-            t += 1
-            sync.barrier(t)
-            for j in mine_parts:
-                reduce_slots(tl, t, node, piece(j), pb[j], pb[j + 1] - pb[j])
-            t += 1
-        elif L > 1:
-            t = _direct_reduce(tl, t, node, parts, pb, a)
-        else:
-            tl.copy(t, Region(OUTPUT, a, m), Region(INPUT, a, m))
-            t += 1
-        # 2. all-reduce each part across the nodes, among its handlers
-        if len(nodes) > 1:
-            for j in mine_parts:
-                column = [n[j % len(n)] for n in nodes]
-                sub = flat.build(column.index(rank), len(nodes), pb[j + 1] - pb[j], itemsize,
-                                 **dict(inter_options))
-                t = embed(tl, t, sub, column, a + pb[j])
-        # 3. every part to every rank of the node
-        if window:
-            result = room
-            for j in mine_parts:
-                tl.copy(t, Region(slot(rank), result + pb[j], pb[j + 1] - pb[j]), piece(j))
-            t += 1
-            sync.barrier(t)
+    # 1. reduce each part inside the node, into its handler's output
+    if window:
+        sync = Barriers(tl, node)
+        sync.begin(0)
+        half = elements("slot_bytes", slot_bytes, itemsize) // 2
+        q = half // parts  # elements of each part a round moves
+        if q < 1:
+            raise ValueError(f"slot_bytes={slot_bytes} is too small for {parts} parts: give "
+                             f"the window more bytes (MLCOMM_SHM_BYTES)")
+        longest = max(pb[j + 1] - pb[j] for j in range(parts))
+        rounds = list(range(0, longest, q))
+        tl.need_slot(2 * parts * q)  # the gather goes on through the halves in turn
+        length = lambda j, at: max(0, min(q, pb[j + 1] - pb[j] - at))
+        reads = []
+
+        def gather_in(t, c, base, at):
+            for j in range(parts):
+                tl.copy(t, Region(slot(rank), base + j * q, length(j, at)),
+                        Region(INPUT, pb[j] + at, length(j, at)))
+
+        def reduce_mine(t, c, base, at, posted):
+            step = t
+            for j in mine:
+                step = max(step, reduce_as_posted(tl, t, sync, posted, part(j, at, length(j, at)),
+                                                  base + j * q, length(j, at)))
+            return step
+
+        t = exchange(tl, sync, parts * q, rounds, gather_in, reduce_mine, 0, reads)
+    elif L > 1:
+        t = _direct_reduce(tl, t, node, parts, pb, 0)
+    else:
+        tl.copy(t, Region(OUTPUT, 0, count), Region(INPUT, 0, count))
+        t += 1
+    # 2. all-reduce each part across the nodes, among its handlers (one per node)
+    if len(nodes) > 1:
+        built = {}
+        for j in mine:
+            column = [n[j % len(n)] for n in nodes]
+            key = (column.index(rank), pb[j + 1] - pb[j])
+            if key not in built:
+                built[key] = flat.build(key[0], len(nodes), key[1], itemsize,
+                                        **dict(inter_options))
+            t = embed(tl, t, built[key], column, pb[j])
+    # 3. every part to every rank of the node
+    if window:
+        def publish(t, c, base, at):
+            for j in mine:
+                tl.copy(t, Region(slot(rank), base + j * q, length(j, at)),
+                        part(j, at, length(j, at)))
+
+        def copy_out(t, c, base, at, posted):
             for j in range(parts):
                 owner = node[j % L]
                 if owner != rank:
-                    tl.copy(t, piece(j), Region(slot(owner), result + pb[j], pb[j + 1] - pb[j]))
-            if r + 1 < len(starts):
-                nxt = starts[r + 1]
-                tl.copy(t, Region(slot(rank), 0, min(room, count - nxt)),
-                        Region(INPUT, nxt, min(room, count - nxt)))
-        elif L > 1:
-            t = _direct_gather(tl, t, node, parts, pb, a)
-    if window:
-        sync.end(t + 1)
+                    sync.wait(t, owner, posted)
+                    tl.copy(t, part(j, at, length(j, at)),
+                            Region(slot(owner), base + j * q, length(j, at)))
+                    t += 1
+            return t + 1
+
+        t = exchange(tl, sync, parts * q, rounds, publish, copy_out, t, reads)
+    elif L > 1:
+        t = _direct_gather(tl, t, node, parts, pb, 0)
     return tl.schedule(count, count)
 
 
@@ -176,12 +189,14 @@ def _direct_gather(tl, t, node, parts, pb, a):
 
 
 def cost(p, nbytes, alpha, beta, gamma, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES, inter="ring",
-         intra="shared_memory", inter_options=(), inter_alpha=None, inter_beta=None):
+         intra="shared_memory", inter_options=(), inter_alpha=None, inter_beta=None,
+         part_bytes=PART_BYTES):
     """Inside the node the window's costs (a barrier alpha/4, copies beta per byte);
     across the nodes ``inter``'s closed form on one part, with ``inter_alpha`` and
     ``inter_beta`` when given."""
     nodes = nodes or (tuple(range(p)),)
-    n_nodes, L = len(nodes), max(len(n) for n in nodes)
+    n_nodes = len(nodes)
+    L = max(1, min(max(len(n) for n in nodes), nbytes // part_bytes))
     part = nbytes / L
     local = 4 * (alpha / 4) + 3 * nbytes * beta + (L - 1) * part * gamma
     if n_nodes == 1:
@@ -192,5 +207,6 @@ def cost(p, nbytes, alpha, beta, gamma, nodes=None, slot_bytes=DEFAULT_SLOT_BYTE
 
 
 register("hierarchical", "allreduce", build, cost,
-         {"inter": "auto", "intra": "shared_memory", "inter_options": ()},
+         {"inter": "auto", "intra": "shared_memory", "inter_options": (),
+          "part_bytes": PART_BYTES},
          aliases=("two_level", "hier"), context=("nodes", "slot_bytes"))

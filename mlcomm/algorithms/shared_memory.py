@@ -17,7 +17,8 @@ from ..schedule import INPUT, OUTPUT, Region, Timeline, chunk_bounds, slot
 from ._common import elements
 from ._registry import register
 
-__all__ = ["build", "cost", "node_of", "Barriers", "SMALL_BYTES", "DEFAULT_SLOT_BYTES"]
+__all__ = ["build", "cost", "node_of", "Barriers", "exchange", "reduce_as_posted",
+           "SMALL_BYTES", "DEFAULT_SLOT_BYTES"]
 
 #: vectors up to this many bytes take the write-once, read-by-all path
 SMALL_BYTES = 16 << 10
@@ -92,6 +93,29 @@ def reduce_as_posted(tl, t, sync, post, dst, at, count):
     if len(node) == 1:
         tl.copy(t, dst, Region(slot(node[0]), at, count))
     return t + max(len(node) - 1, 1)
+
+
+def exchange(tl, sync, half, starts, write, read, t=0, reads=None):
+    """Rounds through the two halves of each slot (``half`` elements each): in round c every
+    rank writes (``write(t, c, base, a)``, ``base`` the half's first element, ``a`` the
+    round's ``starts[c]``), posts, reads once the writers it needs have posted
+    (``read(t, c, base, a, posted)`` returns the next free step), and posts that it has
+    read. A half is written again only after every rank's read post for it. ``reads``
+    carries the read posts (and the halves' turns) on from an earlier exchange of the same
+    collective. Returns the next free step."""
+    reads = [] if reads is None else reads
+    for a in starts:
+        c = len(reads)
+        base = (c % 2) * half
+        if c >= 2:  # every rank has read this half two rounds ago
+            for q in sync.node:
+                sync.wait(t, q, reads[c - 2])
+        write(t, c, base, a)
+        t += 1
+        posted = sync.post(t)
+        t = read(t, c, base, a, posted)
+        reads.append(sync.post(t))
+    return t
 
 
 def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES,

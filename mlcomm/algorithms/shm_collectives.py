@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..schedule import INPUT, OUTPUT, Region, Timeline, slot
 from ._common import elements
 from ._registry import register
-from .shared_memory import DEFAULT_SLOT_BYTES, Barriers, node_of, reduce_as_posted
+from .shared_memory import DEFAULT_SLOT_BYTES, Barriers, exchange, node_of, reduce_as_posted
 
 __all__ = ["reduce_scatter", "allgather", "bcast", "reduce"]
 
@@ -32,24 +32,6 @@ def _chunks(total, slot_bytes, itemsize):
     half = elements("slot_bytes", slot_bytes, itemsize) // 2
     chunk = max(1, min(half, total))
     return chunk, list(range(0, total, chunk)) or [0]
-
-
-def _exchange(tl, sync, chunk, starts, write, read):
-    """Every rank writes (``write(t, c, base, a, m)``), posts, then reads once the writers it
-    needs have posted (``read(t, c, base, a, m, posted)`` returns the next free slot), and
-    posts that it has read; a half is written again only after every rank's read post."""
-    t, reads = 0, []
-    for c, a in enumerate(starts):
-        base = (c % 2) * chunk
-        if c >= 2:  # every rank has read this half two chunks ago
-            for q in sync.node:
-                sync.wait(t, q, reads[c - 2])
-        write(t, c, base, a)
-        t += 1
-        posted = sync.post(t)
-        t = read(t, c, base, a, posted)
-        reads.append(sync.post(t))
-    return t
 
 
 def reduce_scatter(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES):
@@ -74,7 +56,7 @@ def reduce_scatter(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_S
         m = min(chunk, count - a)
         return reduce_as_posted(tl, t, sync, posted, Region(OUTPUT, a, m), base + me * chunk, m)
 
-    _exchange(tl, sync, chunk * size, starts, write, read)
+    exchange(tl, sync, chunk * size, starts, write, read)
     return tl.schedule(size * count, count)
 
 
@@ -102,7 +84,7 @@ def allgather(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_B
                 t += 1
         return t
 
-    _exchange(tl, sync, chunk, starts, write, read)
+    exchange(tl, sync, chunk, starts, write, read)
     return tl.schedule(count, size * count)
 
 
@@ -131,7 +113,7 @@ def bcast(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
             tl.copy(t, Region(OUTPUT, a, m), Region(slot(root), base, m))
         return t + 1
 
-    _exchange(tl, sync, chunk, starts, write, read)
+    exchange(tl, sync, chunk, starts, write, read)
     return tl.schedule(count if rank == root else 0, count)
 
 
@@ -157,7 +139,7 @@ def reduce(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTE
         m = min(chunk, count - a)
         return reduce_as_posted(tl, t, sync, posted, Region(OUTPUT, a, m), base, m)
 
-    _exchange(tl, sync, chunk, starts, write, read)
+    exchange(tl, sync, chunk, starts, write, read)
     return tl.schedule(count, count if rank == root else 0)
 
 
