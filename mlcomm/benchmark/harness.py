@@ -11,6 +11,7 @@ is compared with the baseline and its wrong elements are counted over all ranks.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import time
@@ -23,7 +24,7 @@ from . import rss as _rss
 __all__ = [
     "RECORD_KEYS", "EXTRA_KEYS", "BenchConfig",
     "parse_size", "format_size", "size_list", "parse_dtype", "default_iters",
-    "resolve_algorithms", "run_bench", "interleaved", "peak_rss_mib", "corrupt",
+    "resolve_algorithms", "applicable", "run_bench", "interleaved", "peak_rss_mib", "corrupt",
     "baseline_label",
 ]
 
@@ -377,6 +378,20 @@ def interleaved(calls: dict, rounds: int, per_round: int, comm, sync) -> dict:
     return {name: float(np.median(t)) for name, t in samples.items()}
 
 
+def applicable(algorithms, comm, device: bool) -> list:
+    """The algorithms that can run on ``comm``'s node layout and buffers (collective)."""
+    from ..session import get as session_of
+    nodes = session_of(comm).nodes
+    out = []
+    for name in algorithms:
+        if name == "shared_memory" and (device or len(nodes) > 1):
+            continue
+        if name == "hierarchical" and device:
+            continue
+        out.append(name)
+    return out
+
+
 def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
     """Run the sweep of ``cfg`` on ``comm``; return the records (same on every rank).
 
@@ -400,6 +415,12 @@ def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
     mdtype, mop, exact = _mpi_plan(dtype, op)
     baseline = baseline_label(dtype, op)
     staged = dev.name == "cuda" and not dev.aware
+    algorithms = applicable(cfg.algorithms, comm, dev.name == "cuda")
+    if len(algorithms) < len(cfg.algorithms) and rank == 0:
+        left = [a for a in cfg.algorithms if a not in algorithms]
+        print(f"# left out: {', '.join(left)} (needs host buffers on one node: "
+              f"shared_memory; host buffers: hierarchical)", flush=True)
+    cfg = dataclasses.replace(cfg, algorithms=algorithms)
     corrupt_alg = _corrupt_target(cfg.corrupt, cfg.algorithms)
 
     bar = None
