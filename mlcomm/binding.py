@@ -59,9 +59,21 @@ def _positive_seconds(name, raw, default):
     return value
 
 
+def _polls(oversubscribed: bool) -> int:
+    """``MLCOMM_POLLS_BEFORE_YIELD`` (a power of two), else 2 when ranks outnumber cores
+    (a waiting rank gives its core away almost at once) and 1024 when they do not."""
+    raw = os.environ.get("MLCOMM_POLLS_BEFORE_YIELD", "").strip()
+    if not raw:
+        return 2 if oversubscribed else 1024
+    if not raw.isdigit() or int(raw) < 1 or int(raw) & (int(raw) - 1):
+        raise ValueError(f"MLCOMM_POLLS_BEFORE_YIELD={raw!r}: give a power of two, e.g. 16")
+    return int(raw)
+
+
 def settings_from_env(rank: int, oversubscribed: bool) -> Settings:
-    """Settings from ``MLCOMM_STALL_SECONDS``, ``MLCOMM_STALL_ABORT`` and
-    ``MLCOMM_EXECUTOR``; ranks that outnumber cores yield the CPU sooner."""
+    """Settings from ``MLCOMM_STALL_SECONDS``, ``MLCOMM_STALL_ABORT``,
+    ``MLCOMM_POLLS_BEFORE_YIELD`` and ``MLCOMM_EXECUTOR``; ranks that outnumber cores
+    yield the CPU sooner."""
     executor = os.environ.get("MLCOMM_EXECUTOR", "compiled").strip().lower() or "compiled"
     if executor not in ("compiled", "python"):
         raise ValueError(f"MLCOMM_EXECUTOR={executor!r}: choose compiled or python")
@@ -69,7 +81,7 @@ def settings_from_env(rank: int, oversubscribed: bool) -> Settings:
                     stall_seconds=_positive_seconds("MLCOMM_STALL_SECONDS",
                                                     os.environ.get("MLCOMM_STALL_SECONDS"), 60.0),
                     stall_abort=os.environ.get("MLCOMM_STALL_ABORT", "").strip() == "1",
-                    yield_mask=15 if oversubscribed else 1023,
+                    yield_mask=_polls(oversubscribed) - 1,
                     compiled=executor == "compiled")
 
 

@@ -37,7 +37,8 @@ class _Slot:
         self.owner = owner
         self.data = np.zeros((count, *extra_shape), dtype)
         self.written = np.full(count, -1)  # the owner's step of the last write, -1: never
-        self.read_at = np.full((count, p), -1)  # each reader's step of its last read
+        # each reader's reads not yet known to the owner: (offset, stop, reader's step)
+        self.reads = {q: [] for q in range(p)}
 
 
 class _Rank:
@@ -99,7 +100,7 @@ class _Rank:
             if owner != me and (when > self.clock[owner]).any():
                 raise ScheduleError(f"{self.where(region)}: reads rank {owner}'s slot before an "
                                     f"await has made its write visible")
-            slot.read_at[region.offset:region.stop, me] = self.step
+            slot.reads[me].append((region.offset, region.stop, self.step))
             self.last_window_read = self.step
             return view
         mask = self.written[self.alias[region.buffer]] if region.buffer != INPUT else None
@@ -115,9 +116,11 @@ class _Rank:
             if not self.guarded >= set(peers):
                 raise ScheduleError(f"{self.where(region)}: writes the slot before awaiting "
                                     f"every node rank's previous collective (Await(q, 0))")
-            seen = slot.read_at[region.offset:region.stop]
             for q in peers:
-                if (seen[:, q] > self.clock[q]).any():
+                # a read this rank's clock has seen is ordered before every later write
+                pending = [r for r in slot.reads[q] if r[2] > self.clock[q]]
+                slot.reads[q] = pending
+                if any(lo < region.stop and region.offset < hi for lo, hi, _ in pending):
                     raise ScheduleError(f"{self.where(region)}: overwrites slot elements rank "
                                         f"{q} may still be reading")
             slot.written[region.offset:region.stop] = self.step

@@ -576,7 +576,8 @@ def test_inter_node_alpha_favours_hierarchical_over_ring():
     ratios = []
     for inter_alpha in (1e-6, 5e-6, 2e-5, 1e-4):
         net = Network(ranks_per_node=8, inter_alpha=inter_alpha, inter_beta=1e-10)
-        t = {name: predict_time(name, 128, 1 << 20, network=net, ranks_per_node=8)
+        t = {name: predict_time(name, 128, 1 << 20, network=net, ranks_per_node=8,
+                                seconds=float("inf"))  # a loaded machine builds slowly
              for name in ("hierarchical", "ring")}
         assert {r["source"] for r in t.values()} == {"simulated"}
         ratios.append(t["hierarchical"]["seconds"] / t["ring"]["seconds"])
@@ -641,7 +642,7 @@ def test_cli_covers_the_window_algorithms(tmp_path):
     assert "# hierarchical: " in out and "# nodes: 2 ranks/node" in out
     data = json.loads(_cli("analyze", "-p", 6, "-s", "48", "--ranks-per-node", 3,
                            "--format", "json", "-a", "hierarchical"))
-    assert data[0]["max_rank_syncs"] >= 2 * 2 and data[0]["total_bytes_sent"] > 0
+    assert data[0]["max_rank_syncs"] == 2 and data[0]["total_bytes_sent"] > 0
     rows = json.loads(_cli("simulate", "-p", "4,8", "-s", "8,1M", "--ranks-per-node", 4,
                            "-a", "shared_memory,hierarchical", "--format", "json",
                            "--plot", tmp_path / "h.png", "--no-progress"))
@@ -660,21 +661,22 @@ def test_cli_covers_the_window_algorithms(tmp_path):
 
 
 def test_draw_shows_slot_reads_and_node_syncs():
+    """Under two parts (8 KiB) the node's leader reads its peers' slots and they read its
+    result; above, every rank reads its peers' parts and carries one part across nodes."""
     from mlcomm.analysis.metrics import build_options
-    opts = build_options("hierarchical", 6, 48, ranks_per_node=3)
-    got = trace(build_schedules("hierarchical", 6, 6, 8, **opts))
-    rounds = len(got.views) - 1
-    assert rounds == schedule_metrics(compile_schedules(
-        build_schedules("hierarchical", 6, 6, 8, **opts), 8))["rounds"]
     nodes = [(0, 1, 2), (3, 4, 5)]
-    assert got.syncs[0] == [] and all(set(s) <= set(nodes) for s in got.syncs)
-    assert sum(map(len, got.syncs)) >= 2 * 2     # before the reduce-scatter and the gather
-    # every rank reads its two peers' slots, and only those of its own node
-    reads = {(q, r) for t in got.reads for q, r, _, _ in t}
-    assert reads == {(q, r) for node in nodes for r in node for q in node if q != r}
-    # the messages go across the nodes, one rank per part
-    sent = {(s, d) for t in got.messages for s, d, _, _ in t}
-    assert sent and all(s // 3 != d // 3 for s, d in sent)
+    peers = {(q, r) for node in nodes for r in node for q in node if q != r}
+    for count, readers, carriers in ((6, {(q, r) for q, r in peers if min(q, r) in (0, 3)},
+                                      {(0, 3), (3, 0)}),
+                                     (6000, peers, {(r, (r + 3) % 6) for r in range(6)})):
+        opts = build_options("hierarchical", 6, count * 8, ranks_per_node=3)
+        schedules = build_schedules("hierarchical", 6, count, 8, **opts)
+        got = trace(schedules)
+        assert len(got.views) - 1 == schedule_metrics(compile_schedules(schedules, 8))["rounds"]
+        assert got.syncs[0] == [] and all(set(s) <= set(nodes) for s in got.syncs)
+        assert sum(map(len, got.syncs)) == 2 * 2     # after the reduce and after the gather
+        assert {(q, r) for t in got.reads for q, r, _, _ in t} == readers, count
+        assert {(s, d) for t in got.messages for s, d, _, _ in t} == carriers, count
 
 
 def test_explain_lists_the_window_algorithms_and_says_why():

@@ -184,3 +184,22 @@ def test_a_rank_killed_in_a_window_collective_ends_the_job(tmp_path, name):
     """, {"MLCOMM_RANKS_PER_NODE": "3" if name == "shared_memory" else "2"}, timeout=60)
     assert proc.returncode != 0 and "returned" not in proc.stdout
     assert secs < 30
+
+
+@pytest.mark.parametrize("name, raw", [("MLCOMM_POLLS_BEFORE_YIELD", "3"),
+                                       ("MLCOMM_POLLS_BEFORE_YIELD", "many"),
+                                       ("MLCOMM_STALL_SECONDS", "-1"),
+                                       ("MLCOMM_EXECUTOR", "gpu")])
+def test_bad_loop_settings_name_the_variable(monkeypatch, name, raw):
+    from mlcomm.binding import settings_from_env
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(ValueError, match=name):
+        settings_from_env(0, oversubscribed=False)
+
+
+def test_polls_before_yield(monkeypatch):
+    from mlcomm.binding import settings_from_env
+    assert settings_from_env(0, oversubscribed=True).yield_mask == 1
+    assert settings_from_env(0, oversubscribed=False).yield_mask == 1023
+    monkeypatch.setenv("MLCOMM_POLLS_BEFORE_YIELD", "64")
+    assert settings_from_env(0, oversubscribed=True).yield_mask == 63

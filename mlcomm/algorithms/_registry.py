@@ -29,6 +29,11 @@ class Algorithm:
     context: tuple = ()
 
     @property
+    def window(self) -> bool:
+        """Whether it runs through the node's shared window (host buffers only)."""
+        return "slot_bytes" in self.context
+
+    @property
     def __doc__(self):  # noqa: D105 - help(ALGORITHMS[name]) shows the algorithm's own doc
         return self.doc
 

@@ -85,11 +85,11 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
         sync = Barriers(tl, node)
         sync.begin(0)
         half = elements("slot_bytes", slot_bytes, itemsize) // 2
-        q = half // parts  # elements of each part a round moves
-        if q < 1:
+        if half < parts:
             raise ValueError(f"slot_bytes={slot_bytes} is too small for {parts} parts: give "
                              f"the window more bytes (MLCOMM_SHM_BYTES)")
         longest = max(pb[j + 1] - pb[j] for j in range(parts))
+        q = min(half // parts, longest)  # elements of each part a round moves
         rounds = list(range(0, longest, q))
         tl.need_slot(2 * parts * q)  # the gather goes on through the halves in turn
         length = lambda j, at: max(0, min(q, pb[j + 1] - pb[j] - at))

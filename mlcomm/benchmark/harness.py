@@ -380,16 +380,12 @@ def interleaved(calls: dict, rounds: int, per_round: int, comm, sync) -> dict:
 
 def applicable(algorithms, comm, device: bool) -> list:
     """The algorithms that can run on ``comm``'s node layout and buffers (collective)."""
+    from ..algorithms import ALGORITHMS
     from ..session import get as session_of
-    nodes = session_of(comm).nodes
-    out = []
-    for name in algorithms:
-        if name == "shared_memory" and (device or len(nodes) > 1):
-            continue
-        if name == "hierarchical" and device:
-            continue
-        out.append(name)
-    return out
+    one_node = len(session_of(comm).nodes) == 1
+    window = lambda name: name in ALGORITHMS and ALGORITHMS[name].window
+    return [name for name in algorithms
+            if not (window(name) and device or name == "shared_memory" and not one_node)]
 
 
 def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:

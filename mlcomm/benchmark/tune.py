@@ -73,16 +73,19 @@ def median_times(sweeps) -> list:
 
 def tune(comm, sizes, *, rounds: int = ROUNDS, repeats: int = REPEATS, path=None,
          progress: bool = False, quick: bool = False):
-    """Time every hand-written all-reduce on ``comm``; rank 0 writes and returns the table.
+    """Time every all-reduce ``auto`` weighs on ``comm``; rank 0 writes and returns the table.
 
     The sweep runs ``repeats`` times (fresh buffers each time) and each algorithm's
     median time per size decides.  ``quick`` times fewer calls per size (as
     ``mlcomm bench --quick`` does).
     """
     from ..profile import load_profile, save_profile
-    from .harness import BenchConfig, resolve_algorithms, run_bench
+    from ..select import auto_candidates
+    from ..session import get as session_of
+    from .harness import BenchConfig, run_bench
 
-    algorithms = [a for a in resolve_algorithms("all") if a != "auto"]
+    # the algorithms auto weighs on this node layout: a tuned choice is always one of them
+    algorithms = auto_candidates(comm.Get_size(), session_of(comm).nodes)
     config = BenchConfig(algorithms=algorithms, sizes=list(sizes), rounds=rounds, check=True,
                          progress=progress, quick=quick)
     sweeps = [run_bench(config, comm) for _ in range(repeats)]
