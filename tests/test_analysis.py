@@ -286,8 +286,13 @@ def test_auto_follows_the_profile(tmp_path, monkeypatch):
     load_profile.__globals__["_cache"].clear()
     choice, times, prof = explain(12, 1 << 20)
     assert prof.source == str(path)
-    # bandwidth-bound, p not a power of two: a bandwidth-optimal algorithm (ring and the
-    # parameter server tie on the wire; the server's 2 steps beat the ring's 22 on overhead)
+    # bandwidth-bound on one node: the window's copies (one per byte, where a message
+    # through MPI's shared memory is two)
+    assert choice == "shared_memory" and times[choice] == min(times.values())
+    # bandwidth-bound across nodes, p not a power of two: a bandwidth-optimal algorithm (ring
+    # and the parameter server tie on the wire; the server's 2 steps beat the ring's 22 on
+    # overhead)
+    choice, times, prof = explain(12, 1 << 20, nodes=tuple((r,) for r in range(12)))
     assert choice in ("ring", "parameter_server") and times[choice] == min(times.values())
     assert times["ring"] < 0.5 * times["recursive_doubling"]
     for name, t in times.items():  # the closed form plus the loop's small local terms

@@ -18,7 +18,7 @@ from ..schedule import INPUT, OUTPUT, SCRATCH, Copy, Recv, Reduce, Region, Send,
     chunk_bounds, slot
 from ._common import elements
 from ._registry import COLLECTIVES, register
-from .shared_memory import DEFAULT_SLOT_BYTES, Barriers, exchange, node_of, reduce_as_posted
+from .shared_memory import COPY, DEFAULT_SLOT_BYTES, Barriers, exchange, node_of, reduce_as_posted
 
 __all__ = ["build", "cost", "embed", "INTRA", "PART_BYTES"]
 
@@ -191,14 +191,15 @@ def _direct_gather(tl, t, node, parts, pb, a):
 def cost(p, nbytes, alpha, beta, gamma, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES, inter="ring",
          intra="shared_memory", inter_options=(), inter_alpha=None, inter_beta=None,
          part_bytes=PART_BYTES):
-    """Inside the node the window's costs (a barrier alpha/4, copies beta per byte);
+    """Inside the node the window's costs (a barrier alpha/4, copies ``COPY * beta`` per
+    byte);
     across the nodes ``inter``'s closed form on one part, with ``inter_alpha`` and
     ``inter_beta`` when given."""
     nodes = nodes or (tuple(range(p)),)
     n_nodes = len(nodes)
     L = max(1, min(max(len(n) for n in nodes), nbytes // part_bytes))
     part = nbytes / L
-    local = 4 * (alpha / 4) + 3 * nbytes * beta + (L - 1) * part * gamma
+    local = 4 * (alpha / 4) + 3 * nbytes * COPY * beta + (L - 1) * part * gamma
     if n_nodes == 1:
         return local
     flat = COLLECTIVES["allreduce"][inter]

@@ -18,7 +18,7 @@ from ._common import elements
 from ._registry import register
 
 __all__ = ["build", "cost", "node_of", "Barriers", "exchange", "reduce_as_posted",
-           "SMALL_BYTES", "CHUNK_BYTES", "DEFAULT_SLOT_BYTES"]
+           "SMALL_BYTES", "CHUNK_BYTES", "COPY", "DEFAULT_SLOT_BYTES"]
 
 #: vectors up to this many bytes take the write-once, read-by-all path
 SMALL_BYTES = 16 << 10
@@ -28,6 +28,9 @@ DEFAULT_SLOT_BYTES = 4 << 20
 #: traffic stays in cache, large enough that its synchronisations are few (measured on
 #: 2 cores at 2 and 4 ranks, 16 MiB: 512 KiB to 1 MiB best)
 CHUNK_BYTES = 512 << 10
+#: a copy through the window, per byte, as a fraction of beta: a message through MPI's
+#: shared memory is two copies (into a shared cell and out), the window's one
+COPY = 0.5
 
 
 def node_of(rank: int, size: int, nodes) -> tuple:
@@ -214,15 +217,16 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
 def cost(p, nbytes, alpha, beta, gamma, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES,
          small_bytes=SMALL_BYTES, chunk_bytes=None):
     """A barrier costs about alpha/4 (flags in shared cache lines, no message), a copy
-    beta per byte, a reduction gamma per byte."""
+    ``COPY * beta`` per byte, a reduction gamma per byte."""
+    copy = COPY * beta
     if p == 1:
-        return nbytes * beta
+        return nbytes * copy
     sync = alpha / 4
     if nbytes <= small_bytes:
-        return 2 * sync + nbytes * beta + (p - 1) * nbytes * gamma
-    chunk = max(1, min(slot_bytes // 2 * p // (p + 1), chunk_bytes or slot_bytes))
+        return 2 * sync + nbytes * copy + (p - 1) * nbytes * gamma
+    chunk = max(1, min(slot_bytes // 2 * p // (p + 1), chunk_bytes or CHUNK_BYTES))
     chunks = -(-nbytes // chunk)
-    return 2 * chunks * sync + 2 * nbytes * beta + (p - 1) / p * nbytes * gamma
+    return 2 * chunks * sync + 2 * nbytes * copy + (p - 1) / p * nbytes * gamma
 
 
 register("shared_memory", "allreduce", build, cost,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..schedule import INPUT, OUTPUT, Region, Timeline, slot
 from ._common import elements
 from ._registry import register
-from .shared_memory import DEFAULT_SLOT_BYTES, Barriers, exchange, node_of, reduce_as_posted
+from .shared_memory import COPY, DEFAULT_SLOT_BYTES, Barriers, exchange, node_of, reduce_as_posted
 
 __all__ = ["reduce_scatter", "allgather", "bcast", "reduce"]
 
@@ -144,7 +144,7 @@ def reduce(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTE
 
 
 def _cost(p, nbytes, alpha, beta, gamma, **_):
-    return 2 * alpha / 4 + 2 * nbytes * beta + (p - 1) / p * nbytes * gamma
+    return 2 * alpha / 4 + 2 * nbytes * COPY * beta + (p - 1) / p * nbytes * gamma
 
 
 _CONTEXT = ("nodes", "slot_bytes")
