@@ -34,6 +34,15 @@ def _chunks(total, slot_bytes, itemsize):
     return chunk, list(range(0, total, chunk)) or [0]
 
 
+def _window(tl, node, count, slot_bytes, itemsize):
+    """The node's barriers begun, and the chunks of ``count`` through both slot halves."""
+    sync = Barriers(tl, node)
+    sync.begin(0)
+    chunk, starts = _chunks(count, slot_bytes, itemsize)
+    tl.need_slot(2 * chunk if len(starts) > 1 else chunk)
+    return sync, chunk, starts
+
+
 def reduce_scatter(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES):
     """Input holds p blocks of ``count``; rank r reduces block r of every slot, in place."""
     node, tl = _setup(rank, size, nodes, "reduce_scatter")
@@ -66,10 +75,7 @@ def allgather(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_B
     tl.copy(0, Region(OUTPUT, rank * count, count), Region(INPUT, 0, count))
     if size == 1 or count == 0:
         return tl.schedule(count, size * count)
-    sync = Barriers(tl, node)
-    sync.begin(0)
-    chunk, starts = _chunks(count, slot_bytes, itemsize)
-    tl.need_slot(2 * chunk if len(starts) > 1 else chunk)
+    sync, chunk, starts = _window(tl, node, count, slot_bytes, itemsize)
 
     def write(t, c, base, a):
         m = min(chunk, count - a)
@@ -96,10 +102,7 @@ def bcast(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
         tl.copy(0, whole, Region(INPUT, 0, count))
     if size == 1 or count == 0:
         return tl.schedule(count if rank == root else 0, count)
-    sync = Barriers(tl, node)
-    sync.begin(0)
-    chunk, starts = _chunks(count, slot_bytes, itemsize)
-    tl.need_slot(2 * chunk if len(starts) > 1 else chunk)
+    sync, chunk, starts = _window(tl, node, count, slot_bytes, itemsize)
 
     def write(t, c, base, a):
         if rank == root:
@@ -124,10 +127,7 @@ def reduce(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTE
         if rank == root:
             tl.copy(0, Region(OUTPUT, 0, count), Region(INPUT, 0, count))
         return tl.schedule(count, count if rank == root else 0)
-    sync = Barriers(tl, node)
-    sync.begin(0)
-    chunk, starts = _chunks(count, slot_bytes, itemsize)
-    tl.need_slot(2 * chunk if len(starts) > 1 else chunk)
+    sync, chunk, starts = _window(tl, node, count, slot_bytes, itemsize)
 
     def write(t, c, base, a):
         m = min(chunk, count - a)
