@@ -45,9 +45,46 @@ def available():
             return False, "no CUDA driver or device"
         dev = cuda.get_current_device()
         name = dev.name.decode() if isinstance(dev.name, bytes) else dev.name
-        return True, f"{name} (cc {dev.compute_capability[0]}.{dev.compute_capability[1]})"
     except Exception as exc:  # pragma: no cover - needs a GPU
         return False, f"{type(exc).__name__}: {exc}"
+    if _compile_error():  # pragma: no cover - needs a GPU
+        return False, _cannot_compile()
+    return True, f"{name} (cc {dev.compute_capability[0]}.{dev.compute_capability[1]})"
+
+
+_compile_failure = None  # None: not tried yet; "": Numba compiles CUDA kernels here
+
+
+def _probe(a):
+    a[0] = 1
+
+
+def _compile_error():
+    """Return "" when Numba can compile a CUDA kernel here, else why not (tried once).
+
+    A numba-cuda that does not support the installed NumPy fails inside its compiler (numba-cuda
+    0.30.4 with numpy 2.5 raises ``AttributeError: ... 'row_stack'``); this finds out before
+    the first collective does.
+    """
+    global _compile_failure
+    if _compile_failure is None:
+        try:
+            cuda.jit("void(float32[::1])")(_probe)
+            _compile_failure = ""
+        except Exception as exc:  # pragma: no cover - needs a GPU
+            _compile_failure = f"{type(exc).__name__}: {exc}"
+    return _compile_failure
+
+
+def _cannot_compile():
+    from importlib import metadata
+    try:
+        version = "numba-cuda " + metadata.version("numba-cuda")
+    except metadata.PackageNotFoundError:
+        version = "numba " + metadata.version("numba")
+    return (f"Numba cannot compile CUDA kernels here ({version}, numpy {np.__version__}): "
+            f"{_compile_failure}. Pass CuPy arrays (CuPy's kernels reduce them), or install a "
+            f"numba-cuda and NumPy that work together (numba-cuda 0.30.4 needs numpy<2.5)")
 
 
 # --- bit casts: libdevice on a GPU, NumPy scalar views under the simulator -------------------
@@ -186,6 +223,10 @@ def _plan(dtype, op):
 
 # --- arrays and streams ----------------------------------------------------------------------
 
+_VIEWS = 64
+_views = {}  # (device address, bytes, dtype) -> flat Numba device array over that memory
+
+
 class _Interface:
     """A CUDA array interface re-typed as a flat array (zero copy)."""
 
@@ -222,10 +263,20 @@ def as_device(a, dtype, view=None):
     nbytes = _nbytes_and_check(cai, itemsize)
     if nbytes % view.itemsize:
         raise ValueError(f"a buffer of {nbytes} bytes is not a whole number of {view}")
-    new = dict(cai, shape=(nbytes // view.itemsize,), strides=None, typestr=view.str)
-    new.pop("descr", None)
-    new.pop("mask", None)
-    return cuda.as_cuda_array(_Interface(new))
+    # with no stream to wait for, a view is only (address, length, type): one made before for
+    # the same three is reused, which saves Numba's array construction (about 30 us) per call
+    key = (cai["data"][0], nbytes, view.str) if cai.get("stream") is None else None
+    flat = _views.get(key)
+    if flat is None:
+        new = dict(cai, shape=(nbytes // view.itemsize,), strides=None, typestr=view.str)
+        new.pop("descr", None)
+        new.pop("mask", None)
+        flat = cuda.as_cuda_array(_Interface(new))
+        if key is not None:
+            if len(_views) >= _VIEWS:
+                _views.pop(next(iter(_views)))
+            _views[key] = flat
+    return flat
 
 
 def to_stream(stream):
@@ -250,6 +301,8 @@ def _blocks(n):
 
 
 def _launch(kernel, n, stream, *args):
+    if not SIMULATOR and _compile_error():
+        raise RuntimeError(_cannot_compile())
     kernel[_blocks(n), THREADS, to_stream(stream)](*args)
 
 

@@ -316,6 +316,19 @@ def test_numba_cuda_kernels_on_gpu():
     assert failures == []
 
 
+def test_numba_cuda_that_cannot_compile_says_what_to_do(monkeypatch):
+    """A numba-cuda that fails inside its compiler (0.30.4 with numpy 2.5) is named before a
+    kernel launches, with the way out, instead of a deep AttributeError."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        pytest.skip("this process runs the simulator")
+    from mlcomm.kernels import cuda_backend
+    monkeypatch.setattr(cuda_backend, "SIMULATOR", False)
+    monkeypatch.setattr(cuda_backend, "_compile_failure",
+                        "AttributeError: module 'numpy' has no attribute 'row_stack'")
+    with pytest.raises(RuntimeError, match=r"cannot compile CUDA kernels.*row_stack.*CuPy"):
+        cuda_backend._launch(None, 1, None)
+
+
 def _nvvm_available():
     try:
         from numba.cuda.cudadrv.nvvm import NVVM
