@@ -14,7 +14,7 @@ from mpi4py import MPI
 from . import device, gpu, kernels, staging, tensors
 from .algorithms import AUTO, COLLECTIVES, MPI_NATIVE
 from .device import DeviceVector
-from .select import auto_choice, requested
+from .select import agreed_choice, plan_for, requested
 from .progress import Request
 from .session import SLOTS, Slot, remembers, slot_key
 from .session import get as session_of
@@ -206,22 +206,15 @@ def _bind_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate
         _validate_across_ranks(session.comm, signature, error)
     inp, out, count, opname, name, options, alias = plan_args
     if name == AUTO:
-        name = _auto(session, collective, p, count, out.dtype,
-                     device=isinstance(out, DeviceVector))
+        name = agreed_choice(session, collective, count, out.dtype, opname,
+                             device=isinstance(out, DeviceVector))
     if name == MPI_NATIVE:
         run, binding = partial(native_call, collective, session.comm, inp, out, opname, root,
                                overlap=_overlap, copy=_copy, buffer=_native_buffer), None
     else:
         if root:
             options = dict(options, root=root)
-        context = COLLECTIVES[collective][name].context
-        if context:
-            options = dict(options, **session.context(context))
-        if options.get("inter") == "auto" or (name == "hierarchical" and "inter" not in options):
-            options["inter"] = _auto(session, collective, len(session.nodes),
-                                     -(-count // max(map(len, session.nodes))), out.dtype,
-                                     flat=True)
-        plan = session.plan(collective, name, count, out.dtype, opname, options, alias)
+        plan = plan_for(session, collective, name, count, out.dtype, opname, options, alias)
         binding = session.own_binding(plan, inp, out) if own else \
             session.bind(plan, inp, out)
         run = binding.run
@@ -260,24 +253,6 @@ def _native_buffer(buf):
 
 
 _OPTIONS_OK: set = set()
-
-
-def _auto(session, collective, p, count, dtype, device=False, flat=False):
-    """Rank 0's choice, agreed once per new shape so that every rank runs the same schedule.
-
-    ``flat``: among the flat algorithms only, for ``p`` ranks one per node (hierarchical's
-    ``inter``); otherwise knowing the communicator's node layout.
-    """
-    key = (collective, p, count, dtype.str, device, flat)
-    name = session.choices.get(key)
-    if name is None:
-        mine = None
-        if session.rank == 0:
-            mine = auto_choice(collective, p, count * dtype.itemsize, itemsize=dtype.itemsize,
-                               nodes=tuple((r,) for r in range(p)) if flat else session.nodes,
-                               device=device)
-        name = session.choices[key] = session.agree(mine)
-    return name
 
 
 def _prepare(collective, sendbuf, recvbuf, op, p, rank, algorithm, root, options, default=None):

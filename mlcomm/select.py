@@ -1,16 +1,22 @@
 """Which algorithm runs: explicit argument, then ``MLCOMM_ALGORITHM``, then ``auto``.
 
 ``auto`` takes the measured choice of ``mlcomm tune`` where the profile has one for
-this number of ranks; otherwise it predicts every candidate with the cost model and
-takes the fastest.
+this number of ranks. Otherwise, for an all-reduce, it measures: the first call of a new
+size (to the power of two), element type and op times every candidate on scratch buffers
+of that size (at most :data:`TRIAL_BYTES`), and every later call in that band runs the
+fastest (:func:`agreed_choice`). ``MLCOMM_AUTO=model`` (or a device buffer on the direct
+path, or the other collectives) takes the cost model's prediction instead.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 
 from functools import lru_cache
+
+import numpy as np
 
 from .algorithms import ALGORITHMS, AUTO, COLLECTIVES, resolve
 from .schedule import INPUT, Copy, Recv, Send, slot_owner
@@ -18,7 +24,16 @@ from .profile import DEFAULT_GAMMA, DEFAULT_OP_OVERHEAD, DEFAULT_STEP_OVERHEAD, 
 
 log = logging.getLogger("mlcomm")
 
-__all__ = ["requested", "auto_choice", "explain", "predict", "flat_algorithms", "auto_candidates"]
+__all__ = ["requested", "auto_choice", "agreed_choice", "plan_for", "explain", "predict",
+           "flat_algorithms", "auto_candidates", "TRIAL_BYTES"]
+
+#: a trial times a call of at most this many bytes (a larger call's band is judged by it)
+TRIAL_BYTES = 16 << 20
+#: timed blocks per candidate, interleaved, and about how long each lasts by the model
+TRIAL_ROUNDS = 5
+TRIAL_BLOCK_SECONDS = 300e-6
+#: measured times within this factor of the fastest count as a tie (the model's order breaks it)
+TRIAL_TIE = 1.02
 
 
 def requested(algorithm, collective: str, default=None) -> str:
@@ -155,3 +170,120 @@ def auto_choice(collective: str, p: int, nbytes: int, *, dtype=None, op=None,
         log.warning("mlcomm: auto p=%d bytes=%d -> %s (%s; profile: %s; %s)",
                     p, nbytes, choice, how, profile.model_source, ranked)
     return choice
+
+
+# --- auto on a communicator: agreed, and measured on first use ----------------------------------
+
+def _mode() -> str:
+    raw = os.environ.get("MLCOMM_AUTO", "").strip().lower() or "measure"
+    if raw not in ("measure", "model"):
+        raise ValueError(f"MLCOMM_AUTO={raw!r}: use 'measure' (time the candidates on a "
+                         f"size's first call, the default) or 'model' (the cost model alone)")
+    return raw
+
+
+def plan_for(session, collective, name, count, dtype, op, options, alias=None):
+    """The plan of ``name`` (one of mlcomm's algorithms) for this call on ``session``, with
+    the node layout it needs and hierarchical's ``inter`` chosen when not given."""
+    context = COLLECTIVES[collective][name].context
+    if context:
+        options = dict(options, **session.context(context))
+    if options.get("inter") == AUTO or (name == "hierarchical" and "inter" not in options):
+        options["inter"] = agreed_choice(session, collective, -(-count // max(map(len, session.nodes))),
+                                         dtype, op, flat=True)
+    return session.plan(collective, name, count, dtype, op, options, alias)
+
+
+def agreed_choice(session, collective, count, dtype, op, *, device=False, flat=False) -> str:
+    """``auto``'s algorithm for this call on ``session``, the same on every rank.
+
+    Collective on a call layout not seen before. Rank 0 proposes the tuned or modelled choice
+    (:func:`auto_choice`), or for an all-reduce with neither a tuned choice nor
+    ``MLCOMM_AUTO=model`` the candidates to time; every rank then runs the same trial
+    (:func:`_trial`), and its choice holds for the whole power-of-two size band. ``flat``:
+    among the flat algorithms, for one rank per node (hierarchical's ``inter``).
+    """
+    p = len(session.nodes) if flat else session.size
+    key = (collective, p, count, dtype.str, op, device, flat)
+    name = session.choices.get(key)
+    if name is not None:
+        return name
+    band = ("band", collective, p, (count * dtype.itemsize).bit_length(), dtype.str, op,
+            device, flat)
+    name = session.choices.get(band)
+    if name is None:
+        proposal = None
+        if session.rank == 0:
+            try:
+                proposal = _propose(collective, p, count, dtype, op, session.nodes, device, flat)
+            except ValueError as exc:  # e.g. a bad MLCOMM_AUTO: every rank raises it
+                proposal = exc
+        agreed = session.agree(proposal)
+        if isinstance(agreed, Exception):
+            raise agreed
+        choice, trial = agreed
+        if trial:
+            choice = session.choices[band] = _trial(session, trial, count, dtype, op)
+        name = choice
+    session.choices[key] = name
+    return name
+
+
+def _propose(collective, p, count, dtype, op, nodes, device, flat):
+    """Rank 0's ``(choice, trial)``: trial is ``[(name, calls per block), ...]`` in the
+    model's order when the candidates are to be timed, else None."""
+    mode, nbytes = _mode(), count * dtype.itemsize
+    layout = tuple((r,) for r in range(p)) if flat else nodes
+    choice = auto_choice(collective, p, nbytes, itemsize=dtype.itemsize, nodes=layout,
+                         device=device)
+    if collective != "allreduce" or flat or device or p == 1 or mode == "model":
+        return choice, None
+    names = auto_candidates(p, nodes)
+    if "shared_memory" in names:  # on one node hierarchical is the window's other schedule
+        names.append("hierarchical")
+    _, times, profile = explain(p, nbytes, itemsize=dtype.itemsize, nodes=nodes,
+                                candidates=names)
+    if profile.tuned_choice(p, nbytes) in times:
+        return choice, None
+    trial_bytes = min(nbytes, TRIAL_BYTES)
+    scale = trial_bytes / nbytes if nbytes else 1.0
+    ranked = sorted(times, key=times.get)
+    return choice, [(name, int(min(64, max(1, TRIAL_BLOCK_SECONDS // max(times[name] * scale,
+                                                                         1e-9)))))
+                    for name in ranked]
+
+
+def _trial(session, trial, count, dtype, op) -> str:
+    """Time each candidate on scratch buffers on every rank; return the fastest (the same
+    name on every rank: the times are reduced to the slowest rank's before choosing)."""
+    from mpi4py import MPI
+    session.wait_started()
+    n = max(1, min(count, TRIAL_BYTES // dtype.itemsize))
+    inp, out = np.zeros(n, dtype), np.zeros(n, dtype)
+    times = np.zeros((len(trial), TRIAL_ROUNDS))
+    bindings = []
+    try:
+        for name, _ in trial:
+            plan = plan_for(session, "allreduce", name, n, dtype, op, {})
+            bindings.append(session.own_binding(plan, inp, out))
+            bindings[-1].run()  # the first call sets up
+        for r in range(TRIAL_ROUNDS):  # rounds interleave the candidates: drift hits them all
+            for i, (binding, (_, calls)) in enumerate(zip(bindings, trial)):
+                session.comm.Barrier()
+                start = time.perf_counter()
+                for _ in range(calls):
+                    binding.run()
+                times[i, r] = (time.perf_counter() - start) / calls
+    finally:
+        for binding in bindings:
+            binding.free()
+    session.comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+    typical = np.median(times, axis=1)
+    pick = int(np.argmax(typical <= typical.min() * TRIAL_TIE))
+    if session.rank == 0 and os.environ.get("MLCOMM_DEBUG") == "1":
+        ranked = ", ".join(f"{name}={t * 1e6:.1f}us"
+                           for (name, _), t in sorted(zip(trial, typical), key=lambda x: x[1]))
+        log.warning("mlcomm: auto p=%d bytes=%d -> %s (measured on %d bytes; %s)",
+                    session.size, count * dtype.itemsize, trial[pick][0], n * dtype.itemsize,
+                    ranked)
+    return trial[pick][0]

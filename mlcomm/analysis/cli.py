@@ -297,7 +297,8 @@ def _explain(args) -> int:
                   f"nearest tuned size (mlcomm tune), whatever the model predicts")
         elif args.ranks_per_node is None:
             print(f"auto chooses {choice}: least predicted time (alpha-beta-gamma closed form "
-                  f"+ per-step and per-op overhead and copies)")
+                  f"+ per-step and per-op overhead and copies) with MLCOMM_AUTO=model; by "
+                  f"default a job times the candidates on its first call of this size band")
         else:
             print(f"auto chooses {choice}: least predicted time of its own model (the closed "
                   f"forms with the profile on this layout), not the simulator above")

@@ -1,0 +1,97 @@
+"""auto in real jobs: measured once per size band on scratch buffers, the same choice on every
+rank, exact results, the same bits on a repeated call; MLCOMM_AUTO=model; a bad MLCOMM_AUTO
+fails every rank."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mlcomm
+from mlcomm import select, session
+
+from mpi_helpers import COMM, agree
+
+pytestmark = pytest.mark.mpi
+P, RANK = COMM.Get_size(), COMM.Get_rank()
+
+
+@pytest.fixture
+def fresh():
+    """A new communicator: a session with no choices yet."""
+    comm = COMM.Dup()
+    yield comm, session.get(comm)
+    comm.Free()
+
+
+def _bands(s):
+    return {k: v for k, v in s.choices.items() if k[0] == "band"}
+
+
+@pytest.mark.parametrize("count", [1, 1000, 70_000])
+def test_measured_once_per_band_same_everywhere_exact(fresh, monkeypatch, count):
+    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
+    comm, s = fresh
+    x = (np.arange(count) % 7 + RANK).astype(np.int32)
+    got = mlcomm.allreduce(x, comm=comm)
+    ref = np.empty_like(x)
+    COMM.Allreduce(x, ref)
+    agree(np.array_equal(got, ref), "auto's int32 sum differs from MPI_Allreduce")
+    bands = _bands(s)
+    candidates = select.auto_candidates(P, s.nodes) + ["hierarchical"]
+    if P == 1:
+        agree(not bands, f"a single rank has nothing to time: {bands}")
+        return
+    agree(len(bands) == 1 and next(iter(bands.values())) in candidates, str(bands))
+    everyone = COMM.allgather(sorted(bands.items()))
+    agree(all(e == everyone[0] for e in everyone), f"ranks chose differently: {everyone}")
+    # a trial builds a plan per candidate; another count in the same band times nothing
+    misses = s.plan_misses
+    y = (np.arange(count + count // 3 + (count > 1)) % 5 + RANK).astype(np.int32)
+    same_band = (y.nbytes.bit_length() == x.nbytes.bit_length())
+    mlcomm.allreduce(y, comm=comm)
+    agree(not same_band or s.plan_misses - misses <= 1, f"{s.plan_misses - misses} new plans")
+    agree(len(_bands(s)) == (1 if same_band else 2), str(_bands(s)))
+
+
+def test_floats_same_bits_on_every_rank_and_on_repeat(fresh, monkeypatch):
+    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
+    comm, _ = fresh
+    rng = np.random.default_rng(RANK)
+    x = rng.standard_normal(50_001).astype(np.float32)
+    first = mlcomm.allreduce(x, comm=comm)
+    again = mlcomm.allreduce(x, comm=comm)
+    agree(np.array_equal(first.view(np.uint32), again.view(np.uint32)), "a repeat changed bits")
+    bits = COMM.allgather(first.view(np.uint32)[::997].tolist())
+    agree(all(b == bits[0] for b in bits), "ranks got different bits")
+    ref = np.empty_like(x)
+    COMM.Allreduce(x, ref)
+    agree(np.allclose(first, ref, rtol=1e-5, atol=1e-4 * P), "differs from MPI_Allreduce")
+
+
+def test_model_only(fresh, monkeypatch):
+    monkeypatch.setenv("MLCOMM_AUTO", "model")
+    comm, s = fresh
+    x = np.ones(4096, np.float64)
+    got = mlcomm.allreduce(x, comm=comm)
+    agree(np.array_equal(got, np.full_like(x, P)))
+    agree(not _bands(s), f"MLCOMM_AUTO=model timed candidates: {_bands(s)}")
+    picked = [v for k, v in s.choices.items() if k[:3] == ("allreduce", P, 4096)]
+    model = select.auto_choice("allreduce", P, x.nbytes, itemsize=8, nodes=s.nodes)
+    agree(picked == [model], f"{picked} is not the model's {model}")
+
+
+def test_a_bad_mlcomm_auto_fails_every_rank(fresh, monkeypatch):
+    monkeypatch.setenv("MLCOMM_AUTO", "fastest")
+    comm, _ = fresh
+    with pytest.raises(ValueError, match="MLCOMM_AUTO='fastest'.*measure.*model"):
+        mlcomm.allreduce(np.ones(3), comm=comm)
+
+
+def test_a_trial_waits_for_started_nonblocking_calls(fresh, monkeypatch):
+    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
+    comm, _ = fresh
+    a = np.full(100_000, RANK + 1, np.int64)
+    req = mlcomm.iallreduce(a, comm=comm, algorithm="ring")
+    b = mlcomm.allreduce(np.full(10, RANK, np.int64), comm=comm)  # a new band: a trial
+    agree(np.array_equal(req.wait(), np.full_like(a, P * (P + 1) // 2)))
+    agree(np.array_equal(b, np.full(10, P * (P - 1) // 2)))
