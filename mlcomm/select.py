@@ -31,7 +31,8 @@ __all__ = ["requested", "auto_choice", "agreed_choice", "plan_for", "explain", "
 TRIAL_BYTES = 16 << 20
 #: timed blocks per candidate, interleaved, and about how long each lasts by the model
 TRIAL_ROUNDS = 5
-TRIAL_BLOCK_SECONDS = 300e-6
+TRIAL_BLOCK_SECONDS = 1e-3
+TRIAL_CALLS = (2, 256)
 #: measured times within this factor of the fastest count as a tie (the model's order breaks it)
 TRIAL_TIE = 1.02
 
@@ -248,8 +249,9 @@ def _propose(collective, p, count, dtype, op, nodes, device, flat):
     trial_bytes = min(nbytes, TRIAL_BYTES)
     scale = trial_bytes / nbytes if nbytes else 1.0
     ranked = sorted(times, key=times.get)
-    return choice, [(name, int(min(64, max(1, TRIAL_BLOCK_SECONDS // max(times[name] * scale,
-                                                                         1e-9)))))
+    low, high = TRIAL_CALLS
+    return choice, [(name, int(min(high, max(low, TRIAL_BLOCK_SECONDS
+                                             // max(times[name] * scale, 1e-9)))))
                     for name in ranked]
 
 
