@@ -165,12 +165,18 @@ def auto_choice(collective: str, p: int, nbytes: int, *, dtype=None, op=None,
         return next(name for name in names if not COLLECTIVES[collective][name].context)
     choice, times, profile = explain(p, nbytes, dtype=dtype, op=op, itemsize=itemsize,
                                      nodes=nodes, device=device)
+    _log_prediction(p, nbytes, choice, times, profile)
+    return choice
+
+
+def _log_prediction(p, nbytes, choice, times, profile):
+    """Under ``MLCOMM_DEBUG=1``, log the choice and every candidate's prediction."""
     if os.environ.get("MLCOMM_DEBUG") == "1":
-        ranked = ", ".join(f"{n}={t * 1e6:.1f}us" for n, t in sorted(times.items(), key=lambda kv: kv[1]))
+        ranked = ", ".join(f"{n}={t * 1e6:.1f}us"
+                           for n, t in sorted(times.items(), key=lambda kv: kv[1]))
         how = "tuned" if profile.tuned_choice(p, nbytes) == choice else "model"
         log.warning("mlcomm: auto p=%d bytes=%d -> %s (%s; profile: %s; %s)",
                     p, nbytes, choice, how, profile.model_source, ranked)
-    return choice
 
 
 # --- auto on a communicator: agreed, and measured on first use ----------------------------------
@@ -190,8 +196,9 @@ def plan_for(session, collective, name, count, dtype, op, options, alias=None):
     if context:
         options = dict(options, **session.context(context))
     if options.get("inter") == AUTO or (name == "hierarchical" and "inter" not in options):
-        options["inter"] = agreed_choice(session, collective, -(-count // max(map(len, session.nodes))),
-                                         dtype, op, flat=True)
+        part = -(-count // max(map(len, session.nodes)))
+        options = dict(options, inter=agreed_choice(session, collective, part, dtype, op,
+                                                    flat=True))
     return session.plan(collective, name, count, dtype, op, options, alias)
 
 
@@ -231,26 +238,26 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False, flat=F
 
 
 def _propose(collective, p, count, dtype, op, nodes, device, flat):
-    """Rank 0's ``(choice, trial)``: trial is ``[(name, calls per block), ...]`` in the
-    model's order when the candidates are to be timed, else None."""
+    """Rank 0's ``(choice, None)``, or ``(None, trial)`` when the candidates are to be timed:
+    ``trial`` is ``[(name, calls per block), ...]`` in the model's order."""
     mode, nbytes = _mode(), count * dtype.itemsize
-    layout = tuple((r,) for r in range(p)) if flat else nodes
-    choice = auto_choice(collective, p, nbytes, itemsize=dtype.itemsize, nodes=layout,
-                         device=device)
     if collective != "allreduce" or flat or device or p == 1 or mode == "model":
-        return choice, None
+        layout = tuple((r,) for r in range(p)) if flat else nodes
+        return auto_choice(collective, p, nbytes, itemsize=dtype.itemsize, nodes=layout,
+                           device=device), None
     names = auto_candidates(p, nodes)
     if "shared_memory" in names:  # on one node hierarchical is the window's other schedule
         names.append("hierarchical")
-    _, times, profile = explain(p, nbytes, itemsize=dtype.itemsize, nodes=nodes,
-                                candidates=names)
-    if profile.tuned_choice(p, nbytes) in times:
+    choice, times, profile = explain(p, nbytes, itemsize=dtype.itemsize, nodes=nodes,
+                                     candidates=names)
+    _log_prediction(p, nbytes, choice, times, profile)
+    if profile.tuned_choice(p, nbytes) == choice:
         return choice, None
     trial_bytes = min(nbytes, TRIAL_BYTES)
     scale = trial_bytes / nbytes if nbytes else 1.0
     ranked = sorted(times, key=times.get)
     low, high = TRIAL_CALLS
-    return choice, [(name, int(min(high, max(low, TRIAL_BLOCK_SECONDS
+    return None, [(name, int(min(high, max(low, TRIAL_BLOCK_SECONDS
                                              // max(times[name] * scale, 1e-9)))))
                     for name in ranked]
 
