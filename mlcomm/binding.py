@@ -27,6 +27,7 @@ from .frame import DONE, F_PC, FAULTED, STALLED, Frame, compiled_supports, op_co
 from .loop import HostMemory, PythonLoop, compiled_loop
 from .program import INPUT, OUTPUT, SCRATCH, SLOTS
 from .transport.mpi import PointToPoint, abort_job
+from .transport.peer import PeerReads
 from .transport.shm import NodeSync
 
 __all__ = ["Settings", "Binding", "settings_from_env"]
@@ -128,7 +129,7 @@ class Binding:
         if device:
             buffers = {INPUT: inp, OUTPUT: out, SCRATCH: scratch}
             message = lambda t: buffers[t.buffer].bytes()[t.offset:t.offset + t.nbytes]
-            slots = []
+            slots, addresses = [], [0, 0]
         else:
             slots = window.slots[:program.node_size] if program.node_size else []
             addresses = [_address(inp), _address(out), _address(scratch), *slots]
@@ -139,7 +140,12 @@ class Binding:
         if program.node_size:
             node = plan.schedule.node
             self.transports.append(NodeSync(window, program.syncs,
-                                            node.index(plan.schedule.rank), node))
+                                            node.index(plan.schedule.rank), node, addresses[:2]))
+        if program.fetches:
+            if not window.single_copy:
+                raise ValueError(f"{plan.describe()} reads its node peers' memory, which this "
+                                 f"node does not allow: {window.single_copy_error}")
+            self.transports.append(PeerReads(window, program.fetches, addresses, node))
         self.frame = None
         run = self._compiled(inp, out, scratch, slots, window) if not device else None
         if run is None:

@@ -15,7 +15,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-__all__ = ["call3", "ccall0", "ccall2", "ccall3", "ccall4", "call0_f64", "load_acquire",
+__all__ = ["call0", "call3", "call6", "ccall0", "ccall2", "ccall3", "ccall4", "call0_f64", "load_acquire",
            "store_release", "i64_array_at", "libc_address"]
 
 _I32, _I64, _F64 = ir.IntType(32), ir.IntType(64), ir.DoubleType()
@@ -32,6 +32,18 @@ def _codegen(result, nargs):
 
 
 _W = types.int64
+
+
+@intrinsic
+def call0(typingctx, fn):
+    """``fn()`` returning a 64-bit integer (or a pointer)."""
+    return _W(_W), _codegen(_I64, 0)
+
+
+@intrinsic
+def call6(typingctx, fn, a, b, c, d, e, f):
+    """``fn(a, b, c, d, e, f)`` returning a 64-bit integer."""
+    return _W(_W, _W, _W, _W, _W, _W, _W), _codegen(_I64, 6)
 
 
 @intrinsic

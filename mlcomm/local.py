@@ -12,7 +12,12 @@ ranks of its node read. Posts and awaits order those accesses; vector clocks che
 every one whatever the interleaving: a read of a slot element whose write no await has
 made visible, an overwrite of an element a peer may still be reading, a slot written
 before the first step's awaits, a window read after the rank's last post, unequal post
-counts within a node, or a slot of another node are all errors.
+counts within a node, or a slot of another node are all errors. Reads of a node peer's
+input or output (``input@R``, ``output@R``) are checked alike: what they read must be the
+peer's input untouched or its output written and made visible, after an await of one of
+the peer's posts in the collective (which publishes its buffers' addresses), the peer must not overwrite
+what a reader may still be reading, nor finish its collective before an await has shown
+it every read of its buffers.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from collections import deque
 
 import numpy as np
 
-from .schedule import INPUT, OUTPUT, SCRATCH, Await, Copy, Post, Recv, Reduce, Send, slot_owner
+from .schedule import (INPUT, OUTPUT, SCRATCH, Await, Copy, Post, Recv, Reduce, Send, peer_of,
+                       slot_owner)
 
 __all__ = ["ScheduleError", "run_local", "check_collective", "tagged_inputs"]
 
@@ -59,6 +65,39 @@ class _Rank:
         self.posts = []  # the clock published by each post
         self.guarded = set()  # ranks awaited with count 0
         self.last_window_read = -1
+        self.ranks = None  # every rank, for reads of a peer's buffers
+        self.out_step = np.full(schedule.output_count, -1)  # the step of each output write
+        self.read_by = {q: [] for q in range(p)}  # peers' reads of this rank's buffers
+
+    def _peer_read(self, region, q, name):
+        """Rank ``q``'s ``name`` buffer, read by this rank at ``region``."""
+        me = self.schedule.rank
+        if q == me or q not in self.schedule.node:
+            raise ScheduleError(f"{self.where(region)}: reads rank {q}'s buffers, not a peer "
+                                f"of its node {self.schedule.node}")
+        if self.clock[q] < 0:
+            raise ScheduleError(f"{self.where(region)}: reads rank {q}'s buffers before "
+                                f"awaiting a post of rank {q} in this collective (which "
+                                f"publishes their addresses)")
+        other = self.ranks[q]
+        buf = other.bufs[name]
+        if region.offset < 0 or region.stop > len(buf):
+            raise ScheduleError(f"{self.where(region)}: outside rank {q}'s {name} of "
+                                f"{len(buf)} elements")
+        if other.alias[name] == OUTPUT:
+            when = other.out_step[region.offset:region.stop]
+            if name == OUTPUT and (when < 0).any():
+                raise ScheduleError(f"{self.where(region)}: reads rank {q}'s output elements "
+                                    f"never written in this collective")
+            if name == INPUT and (when >= 0).any():
+                raise ScheduleError(f"{self.where(region)}: reads rank {q}'s input after rank "
+                                    f"{q} overwrote it (in place)")
+            if (when > self.clock[q]).any():
+                raise ScheduleError(f"{self.where(region)}: reads rank {q}'s output before an "
+                                    f"await has made its write visible")
+        other.read_by[me].append((other.alias[name], region.offset, region.stop, self.step))
+        self.last_window_read = self.step
+        return buf[region.offset:region.stop]
 
     def where(self, region):
         return f"rank {self.schedule.rank} step {self.step} {region}"
@@ -89,6 +128,9 @@ class _Rank:
         return buf[region.offset:region.stop]
 
     def read(self, region):
+        found = peer_of(region.buffer)
+        if found is not None:
+            return self._peer_read(region, *found)
         view = self.view(region)
         owner = slot_owner(region.buffer)
         if owner is not None:
@@ -125,6 +167,15 @@ class _Rank:
                                         f"{q} may still be reading")
             slot.written[region.offset:region.stop] = self.step
             return
+        if self.alias[region.buffer] == OUTPUT:
+            for q, reads in self.read_by.items():
+                pending = [r for r in reads if r[3] > self.clock[q]]
+                self.read_by[q] = pending
+                if any(b == OUTPUT and lo < region.stop and region.offset < hi
+                       for b, lo, hi, _ in pending):
+                    raise ScheduleError(f"{self.where(region)}: overwrites output elements "
+                                        f"rank {q} may still be reading")
+            self.out_step[region.offset:region.stop] = self.step
         mask = self.written[self.alias[region.buffer]]
         if mask is not None:
             mask[region.offset:region.stop] = True
@@ -168,6 +219,8 @@ def run_local(schedules, inputs, reduce=np.add, in_place=False):
     ranks = [_Rank(s, np.array(x, copy=True), in_place, first.dtype, first.shape[1:], p)
              for s, x in zip(schedules, inputs)]
     _window(ranks, p, first.dtype, first.shape[1:])
+    for k in ranks:
+        k.ranks = ranks
     sends, recvs = {}, {}
     awaiting = {}  # (peer, count) -> ranks waiting for that post
     ready = deque()
@@ -275,6 +328,10 @@ def run_local(schedules, inputs, reduce=np.add, in_place=False):
         if node and len({len(ranks[q].posts) for q in node}) > 1:
             raise ScheduleError(f"node {node}: ranks post {[len(ranks[q].posts) for q in node]} "
                                 f"times; every rank of a node must post equally often")
+        for q, reads in k.read_by.items():
+            if any(r[3] > k.clock[q] for r in reads):
+                raise ScheduleError(f"rank {k.schedule.rank} ends its collective while rank "
+                                    f"{q} may still be reading its buffers")
         if k.last_window_read >= 0 and k.last_window_read >= getattr(k, "last_post", -1):
             raise ScheduleError(f"rank {k.schedule.rank} reads the window at step "
                                 f"{k.last_window_read} after its last post: the next "

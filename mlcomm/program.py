@@ -18,7 +18,9 @@ Buffers are :data:`INPUT` (read only), :data:`OUTPUT`, :data:`SCRATCH`, and from
 :data:`SLOTS` on the window slots of the node's ranks in local order. Each reduce kind has
 its own loop, so no loop reads and writes one array through two names. Transport
 :data:`MPI_P2P` moves messages (:class:`Transfer`); transport :data:`NODE` posts and awaits
-the node's window flags (:class:`Sync`).
+the node's window flags (:class:`Sync`); transport :data:`PEER` copies from another rank's
+input or output (:class:`Fetch`, a schedule's ``Copy`` from ``input@R`` or ``output@R``),
+a START doing the copies and its WAIT completing at once.
 
 A transfer's START may move before the previous step's local ops when it touches nothing
 they write or read (:func:`_early_starts`): the ops then overlap the transfer. The layout's
@@ -34,11 +36,11 @@ from typing import NamedTuple
 import numpy as np
 
 from .schedule import (INPUT as _IN, OUTPUT as _OUT, SCRATCH as _SCR, Await, Copy, Post, Recv,
-                       Reduce, Schedule, Send, slot_owner)
+                       Reduce, Schedule, Send, peer_of, slot_owner)
 
 __all__ = ["WIDTH", "START", "WAIT", "COPY", "REDUCE", "REDUCE2", "REDUCE3",
-           "INPUT", "OUTPUT", "SCRATCH", "SLOTS", "BUFFER_IDS", "MPI_P2P", "NODE",
-           "Transfer", "Sync", "Program", "lower"]
+           "INPUT", "OUTPUT", "SCRATCH", "SLOTS", "BUFFER_IDS", "MPI_P2P", "NODE", "PEER",
+           "Transfer", "Sync", "Fetch", "Program", "lower"]
 
 WIDTH = 8
 START, WAIT, COPY, REDUCE, REDUCE2, REDUCE3 = 1, 2, 3, 4, 5, 6
@@ -46,8 +48,9 @@ INPUT, OUTPUT, SCRATCH = 0, 1, 2
 #: buffer id of local rank 0's window slot; local rank j's is SLOTS + j
 SLOTS = 3
 BUFFER_IDS = {_IN: INPUT, _OUT: OUTPUT, _SCR: SCRATCH}
-#: transport ids: point-to-point messages on the communicator, and the node's window flags
-MPI_P2P, NODE = 0, 1
+#: transport ids: point-to-point messages on the communicator, the node's window flags, and
+#: single-copy reads of node peers' buffers
+MPI_P2P, NODE, PEER = 0, 1, 2
 _SPACE = 1 << 50  # bytes between buffers that do not share memory, in the overlap analysis
 
 
@@ -67,6 +70,18 @@ class Transfer(NamedTuple):
     peer: int
     buffer: int
     offset: int
+    nbytes: int
+
+
+class Fetch(NamedTuple):
+    """One single-copy read: ``nbytes`` from local rank ``peer``'s ``source`` (:data:`INPUT`
+    or :data:`OUTPUT`) at byte ``offset``, into this rank's ``buffer`` at ``at``."""
+
+    peer: int
+    source: int
+    offset: int
+    buffer: int
+    at: int
     nbytes: int
 
 
@@ -93,6 +108,8 @@ class Program:
     node_size: int = 0
     #: bytes of this rank's window slot the program writes
     slot_bytes: int = 0
+    #: every single-copy read, in the order START/WAIT ranges on :data:`PEER` index them
+    fetches: tuple = ()
 
     @property
     def instructions(self) -> np.ndarray:
@@ -114,16 +131,21 @@ def lower(schedule: Schedule, itemsize: int, alias: int | None = None) -> Progra
         owner = slot_owner(name)
         return BUFFER_IDS[name] if owner is None else SLOTS + node[owner]
 
-    # where each buffer starts in one address space, for the overlap analysis
+    # where each buffer starts in one address space, for the overlap analysis (a peer's
+    # buffers below zero: they never meet this rank's)
     base = {INPUT: alias * itemsize if alias is not None else _SPACE, OUTPUT: 0}
 
     def where(r):
-        start = base.get(buffer_id(r.buffer), buffer_id(r.buffer) * _SPACE)
+        found = peer_of(r.buffer)
+        if found is not None:
+            start = -_SPACE * (1 + 2 * found[0] + BUFFER_IDS[found[1]])
+        else:
+            start = base.get(buffer_id(r.buffer), buffer_id(r.buffer) * _SPACE)
         return start + r.offset * itemsize, start + r.stop * itemsize
 
     same = lambda r1, r2: where(r1) == where(r2)
     ref = lambda r: (buffer_id(r.buffer), r.offset * itemsize)
-    transfers, syncs, ranges = [], [], []
+    transfers, syncs, fetches, ranges = [], [], [], []
     for step in schedule.steps:
         messages = [t for t in step.transfers if isinstance(t, Recv)] + \
                    [t for t in step.transfers if isinstance(t, Send)]
@@ -151,9 +173,26 @@ def lower(schedule: Schedule, itemsize: int, alias: int | None = None) -> Progra
             code.append((WAIT, NODE, *awaited, 0, 0, 0, 0))
         if k + 1 < len(ranges) and early[k + 1]:
             code.append((START, MPI_P2P, *ranges[k + 1][0], 0, 0, 0, 0))
+        reads = []  # this step's fetches not yet started
+
+        def start_reads():
+            if reads:
+                code.append((START, PEER, len(fetches), len(reads), 0, 0, 0, 0))
+                code.append((WAIT, PEER, len(fetches), len(reads), 0, 0, 0, 0))
+                fetches.extend(reads)
+                reads.clear()
+
         for op in step.ops:
             d = op.dst
             nbytes = d.count * itemsize
+            found = peer_of(op.src.buffer)
+            if found is not None:
+                if not isinstance(op, Copy):
+                    raise ValueError(f"{op}: only a copy may read another rank's buffer")
+                reads.append(Fetch(node[found[0]], BUFFER_IDS[found[1]],
+                                   op.src.offset * itemsize, *ref(d), nbytes))
+                continue
+            start_reads()
             if isinstance(op, Copy):
                 if not same(op.src, d):
                     code.append((COPY, *ref(d), *ref(op.src), 0, 0, nbytes))
@@ -170,11 +209,13 @@ def lower(schedule: Schedule, itemsize: int, alias: int | None = None) -> Progra
                 sources = [op.src, left]
             dw = where(d)
             partial |= any(_meet(dw, where(s)) and dw[0] != where(s)[0] for s in sources)
+        start_reads()
     words = np.array(code, dtype=np.int64).reshape(-1)
     words.flags.writeable = False
     counts = (schedule.input_count, schedule.output_count, schedule.scratch_count)
     return Program(words, tuple(transfers), itemsize, counts, alias, partial, largest,
-                   tuple(syncs), len(schedule.node), schedule.slot_count * itemsize)
+                   tuple(syncs), len(schedule.node), schedule.slot_count * itemsize,
+                   tuple(fetches))
 
 
 def _meet(a, b) -> bool:

@@ -5,6 +5,9 @@ its local ops in order.  Regions name a buffer (``input`` is read only,
 ``output``, ``scratch``, or ``slot:R``, rank R's slot of its node's shared window,
 which every rank of that node reads but only R writes), an element offset and an
 element count.  Messages between one pair of ranks match in the order they are posted.
+A ``Copy`` may also read ``input@R`` or ``output@R``, rank R's own buffers, when R is of
+the same node: a single-copy read of another process's memory (Linux cross-memory
+attach), ordered by node synchronisation like a slot read.
 
 Node synchronisation orders a node's reads of a slot after its owner's writes:
 ``Post(k)`` (this rank's k-th post in the collective) publishes every write of the
@@ -20,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 __all__ = [
-    "INPUT", "OUTPUT", "SCRATCH", "BUFFERS", "slot", "slot_owner",
+    "INPUT", "OUTPUT", "SCRATCH", "BUFFERS", "slot", "slot_owner", "peer", "peer_of", "owner",
     "Region", "Send", "Recv", "Post", "Await", "Reduce", "Copy", "Step", "Schedule",
     "Timeline", "chunk_bounds",
 ]
@@ -38,6 +41,24 @@ def slot(rank: int) -> str:
 def slot_owner(buffer: str):
     """The rank whose slot ``buffer`` is, or None for a rank's own buffers."""
     return int(buffer[len(_SLOT):]) if buffer.startswith(_SLOT) else None
+
+
+def peer(buffer: str, rank: int) -> str:
+    """The name of ``rank``'s own ``buffer`` (input or output), read from another rank."""
+    return f"{buffer}@{rank}"
+
+
+def peer_of(name: str):
+    """``(rank, buffer)`` when ``name`` names another rank's input or output, else None."""
+    buffer, at, rank = name.partition("@")
+    return (int(rank), buffer) if at else None
+
+
+def owner(name: str):
+    """The rank whose memory ``name`` is when other ranks may read it (a window slot, or a
+    rank's buffers read by its peers), else None."""
+    found = peer_of(name)
+    return found[0] if found is not None else slot_owner(name)
 
 
 # Immutable records are NamedTuples: a schedule at p = 1024 holds millions of them, and a

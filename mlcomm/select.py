@@ -19,7 +19,7 @@ from functools import lru_cache
 import numpy as np
 
 from .algorithms import ALGORITHMS, AUTO, COLLECTIVES, resolve
-from .schedule import INPUT, Copy, Recv, Send, slot_owner
+from .schedule import INPUT, Copy, Recv, Send, owner
 from .profile import DEFAULT_GAMMA, DEFAULT_OP_OVERHEAD, DEFAULT_STEP_OVERHEAD, load_profile
 
 log = logging.getLogger("mlcomm")
@@ -67,7 +67,7 @@ def _local_work(name: str, p: int, count: int, itemsize: int, nodes=None) -> tup
     for rank in sorted({0, min(1, p - 1), p // 2, p - 1}):
         schedule = algo.build(rank, p, count, itemsize, **context)
         ops = [op for step in schedule.steps for op in step.ops
-               if not any(slot_owner(r.buffer) is not None for r in (op.dst, op.src))]
+               if not any(owner(r.buffer) is not None for r in (op.dst, op.src))]
         # a copy from input is free in place but not out of place: count it half
         copied = sum(op.dst.count * (0.5 if op.src.buffer == INPUT else 1.0)
                      for op in ops if isinstance(op, Copy))

@@ -285,9 +285,11 @@ class Session:
                        window=self.window() if plan.program.node_size else None)
 
     def context(self, names) -> dict:
-        """The options this session supplies to a node-aware algorithm (``Algorithm.context``)."""
-        values = {"nodes": self.nodes, "slot_bytes": self.slot_bytes}
-        return {name: values[name] for name in names}
+        """The options this session supplies to a node-aware algorithm (``Algorithm.context``):
+        asking for ``single_copy`` makes the window (collective over the node)."""
+        values = {"nodes": lambda: self.nodes, "slot_bytes": lambda: self.slot_bytes,
+                  "single_copy": lambda: self.window().single_copy}
+        return {name: values[name]() for name in names}
 
     def window(self):
         """The node's shared window (collective over the node on first use, which every

@@ -191,3 +191,37 @@ def test_the_local_executor_finds_window_races():
 def test_shared_memory_refuses_more_than_one_node():
     with pytest.raises(ValueError, match="use algorithm='hierarchical'"):
         ALGORITHMS["shared_memory"].build(0, 4, 10, 8, nodes=((0, 1), (2, 3)))
+
+
+@pytest.mark.parametrize("p", range(1, 17))
+def test_shared_memory_single_copy_exact(p, monkeypatch):
+    """Reads of peers' buffers: exact in and out of place, in one read chunk or many."""
+    import mlcomm.algorithms.shared_memory as shm
+    for read_bytes in (8, 8 * 5, 1 << 20):
+        monkeypatch.setattr(shm, "READ_CHUNK_BYTES", read_bytes)
+        for count in sorted({0, 1, p - 1, p + 1, 97}):
+            for in_place in (False, True):
+                check_collective(build_schedules("shared_memory", p, count, single_copy=True,
+                                                 single_copy_bytes=8), in_place=in_place)
+
+
+def test_the_local_executor_finds_single_copy_races():
+    from mlcomm.schedule import Await
+
+    def without(drop):
+        schedules = build_schedules("shared_memory", 3, 30, single_copy=True,
+                                    single_copy_bytes=8)
+        for s in schedules:
+            s.steps = [type(st)([t for t in st.transfers if not drop(i, t)], st.ops)
+                       for i, st in enumerate(s.steps)]
+        return schedules
+
+    # the all-gather reads a peer's output before its post says the part is reduced
+    with pytest.raises(ScheduleError, match="output before an await"):
+        check_collective(without(lambda i, t: isinstance(t, Await) and t.count == 2))
+    # no last barrier: a rank ends while its peers may still read its buffers
+    with pytest.raises(ScheduleError, match="may still be reading its buffers"):
+        check_collective(without(lambda i, t: isinstance(t, Await) and t.count == 3))
+    # a peer's buffers read before its first post has published their addresses
+    with pytest.raises(ScheduleError, match="before awaiting a post"):
+        check_collective(without(lambda i, t: isinstance(t, Await) and t.count == 1))

@@ -6,19 +6,24 @@ gets the same bits). Larger vectors go in chunks of at most half a slot: each ch
 reduce-scattered (local rank j reduces part j of every slot into its slot's result area)
 and all-gathered (every rank copies every part from its owner's result area), two
 barriers a chunk, the next chunk's copy into the other half of the slot overlapping this
-chunk's gather. A barrier is a post of this rank's node flag and an await of every other
+chunk's gather. Where the node allows single-copy reads of a peer's memory
+(:mod:`mlcomm.transport.peer`), vectors of at least ``single_copy_bytes`` skip the window:
+local rank j reads part j of every peer's input (a scratch chunk at a time) and reduces it,
+then reads every other part from its owner's output, and a last barrier keeps every rank
+in the call until its peers have finished reading its buffers. A barrier is a post of this rank's node flag and an await of every other
 rank's; a last post says this rank has finished reading the window, which the next
 collective's first awaits check before it writes its slot again.
 """
 
 from __future__ import annotations
 
-from ..schedule import INPUT, OUTPUT, Region, Timeline, chunk_bounds, slot
+from ..schedule import INPUT, OUTPUT, SCRATCH, Region, Timeline, chunk_bounds, peer, slot
 from ._common import elements
 from ._registry import register
 
 __all__ = ["build", "cost", "node_of", "Barriers", "exchange", "reduce_as_posted",
-           "SMALL_BYTES", "CHUNK_BYTES", "COPY", "DEFAULT_SLOT_BYTES"]
+           "SMALL_BYTES", "CHUNK_BYTES", "SINGLE_COPY_BYTES", "READ_CHUNK_BYTES", "COPY",
+           "DEFAULT_SLOT_BYTES"]
 
 #: vectors up to this many bytes take the write-once, read-by-all path
 SMALL_BYTES = 16 << 10
@@ -28,6 +33,11 @@ DEFAULT_SLOT_BYTES = 4 << 20
 #: traffic stays in cache, large enough that its synchronisations are few (measured on
 #: 2 cores at 2 and 4 ranks, 16 MiB: 512 KiB to 1 MiB best)
 CHUNK_BYTES = 512 << 10
+#: vectors from this many bytes read their peers' buffers in place of the window's copies,
+#: where the node allows it
+SINGLE_COPY_BYTES = 1 << 20
+#: a single-copy reduce-scatter reads a peer's part this much at a time into scratch
+READ_CHUNK_BYTES = 256 << 10
 #: a copy through the window, per byte, as a fraction of beta: a message through MPI's
 #: shared memory is two copies (into a shared cell and out), the window's one
 COPY = 0.5
@@ -125,14 +135,55 @@ def exchange(tl, sync, half, starts, write, read, t=0, reads=None):
     return t
 
 
+def by_reads(tl, sync, node, rank, count, itemsize, read_bytes=None):
+    """Reduce-scatter by reading part ``local`` of every peer's input, ``read_bytes`` at a
+    time into scratch, in local order; all-gather by reading every other part from its
+    owner's output; then a barrier, after which no peer reads this rank's buffers."""
+    parts = chunk_bounds(count, len(node))
+    local = node.index(rank)
+    lo, hi = parts[local], parts[local + 1]
+    chunk = max(1, min(hi - lo, elements("read_bytes", read_bytes or READ_CHUNK_BYTES,
+                                         itemsize)))
+    data = sync.post(1)  # this rank's buffers' addresses
+    for q in node:
+        sync.wait(2, q, data)
+    for a in range(lo, hi, chunk):
+        n = min(chunk, hi - a)
+        # partial results in the first scratch chunk, the last straight into the output
+        # (in place, this rank's input is read before the output is written)
+        total, fetched = Region(SCRATCH, 0, n), Region(SCRATCH, chunk, n)
+        first = None
+        for k, q in enumerate(node):
+            operand = Region(INPUT, a, n) if q == rank else (total if k == 0 else fetched)
+            if q != rank:
+                tl.copy(2, operand, Region(peer(INPUT, q), a, n))
+            if k:
+                dst = Region(OUTPUT, a, n) if k == len(node) - 1 else total
+                tl.reduce(2, dst, operand, left=first if k == 1 else total)
+            first = operand
+        if len(node) == 1:
+            tl.copy(2, Region(OUTPUT, a, n), first)
+    tl.need_scratch(2 * chunk)
+    done = sync.post(3)
+    for j, q in enumerate(node):
+        if q != rank:
+            sync.wait(3, q, done)
+            at, n = parts[j], parts[j + 1] - parts[j]
+            tl.copy(3, Region(OUTPUT, at, n), Region(peer(OUTPUT, q), at, n))
+    sync.barrier(4)
+    return 5
+
+
 def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES,
-          small_bytes=SMALL_BYTES, chunk_bytes=None):
+          small_bytes=SMALL_BYTES, chunk_bytes=None, single_copy=False,
+          single_copy_bytes=SINGLE_COPY_BYTES):
     """All-reduce through the node window, each slot read as soon as its owner has posted
     it; every rank of ``nodes`` (default: all ranks) must be on one node.
 
     ``small_bytes``: the largest vector written once and read by all; ``chunk_bytes``: the
     pipeline's chunk (default :data:`CHUNK_BYTES`, at most half a slot less the result
-    area).
+    area); ``single_copy``: whether the node allows reads of a peer's memory (the session
+    says), used from ``single_copy_bytes`` on.
     """
     node = node_of(rank, size, nodes)
     if len(node) != size:
@@ -148,6 +199,9 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
     slot_elems = elements("slot_bytes", slot_bytes, itemsize)
     sync = Barriers(tl, node)
     sync.begin(0)
+    if single_copy and count * itemsize >= elements("single_copy_bytes", single_copy_bytes, 1):
+        by_reads(tl, sync, node, rank, count, itemsize)
+        return tl.schedule(count, count)
     if count * itemsize <= elements("small_bytes", small_bytes, 1) and count <= slot_elems:
         tl.need_slot(count)
         tl.copy(0, Region(slot(rank), 0, count), mine)
@@ -215,13 +269,17 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
 
 
 def cost(p, nbytes, alpha, beta, gamma, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES,
-         small_bytes=SMALL_BYTES, chunk_bytes=None):
+         small_bytes=SMALL_BYTES, chunk_bytes=None, single_copy=False,
+         single_copy_bytes=SINGLE_COPY_BYTES):
     """A barrier costs about alpha/4 (flags in shared cache lines, no message), a copy
-    ``COPY * beta`` per byte, a reduction gamma per byte."""
+    (through the window or from a peer) ``COPY * beta`` per byte, a reduction gamma per
+    byte."""
     copy = COPY * beta
     if p == 1:
         return nbytes * copy
     sync = alpha / 4
+    if single_copy and nbytes >= single_copy_bytes:
+        return 3 * sync + (p - 1) / p * nbytes * (2 * copy + gamma)
     if nbytes <= small_bytes:
         return 2 * sync + nbytes * copy + (p - 1) * nbytes * gamma
     chunk = max(1, min(slot_bytes // 2 * p // (p + 1), chunk_bytes or CHUNK_BYTES))
@@ -230,5 +288,6 @@ def cost(p, nbytes, alpha, beta, gamma, nodes=None, slot_bytes=DEFAULT_SLOT_BYTE
 
 
 register("shared_memory", "allreduce", build, cost,
-         {"small_bytes": SMALL_BYTES, "chunk_bytes": None}, aliases=("shm",),
-         context=("nodes", "slot_bytes"))
+         {"small_bytes": SMALL_BYTES, "chunk_bytes": None,
+          "single_copy_bytes": SINGLE_COPY_BYTES}, aliases=("shm",),
+         context=("nodes", "slot_bytes", "single_copy"))

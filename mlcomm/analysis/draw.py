@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..schedule import INPUT, OUTPUT, SCRATCH, Copy, Recv, Reduce, Send, slot, slot_owner
+from ..schedule import INPUT, OUTPUT, SCRATCH, Copy, Recv, Reduce, Send, owner, peer, slot
 from .simulator import UNIT_NETWORK, compile_schedules, simulate
 
 __all__ = ["Trace", "trace", "draw_schedule"]
@@ -46,6 +46,8 @@ class _State:
         self.own = slot(rank)
         window[self.own] = (np.full(sched.slot_count, -1),
                             np.zeros((sched.slot_count, p), np.int64))
+        for name in (INPUT, OUTPUT):  # what its node peers may read of its own buffers
+            window[peer(name, rank)] = (self.idx[name], self.cnt[name])
         self.peer_reads = []  # (owner, idx, cnt) of reads of peers' slots since last taken
 
     def _arrays(self, buffer):
@@ -57,9 +59,9 @@ class _State:
         sl = slice(region.offset, region.stop)
         idx, cnt = self._arrays(region.buffer)
         idx, cnt = idx[sl].copy(), cnt[sl].copy()
-        owner = slot_owner(region.buffer)
-        if owner is not None and owner != self.rank:
-            self.peer_reads.append((owner, idx, cnt))
+        q = owner(region.buffer)
+        if q is not None and q != self.rank:
+            self.peer_reads.append((q, idx, cnt))
         return idx, cnt
 
     def write(self, region, idx, cnt):

@@ -6,8 +6,8 @@ when its previous step is done; a message starts when both its send and its
 receive are posted and a port is free at each end; it takes
 ``alpha + bytes * beta``.  The step is done when all its transfers are, plus
 ``gamma`` per reduced byte of its ``Reduce`` ops, plus ``copy_beta`` per byte of
-its ``Copy`` ops that touch a node window slot (the window's data movement; other
-copies are free, as in the lecture notes' model).
+its ``Copy`` ops that touch a node window slot or read a node peer's buffer (the
+node's data movement; other copies are free, as in the lecture notes' model).
 
 Node synchronisation: a ``Post`` is made when its step starts (it publishes the
 writes of the steps before); an ``Await(peer, k)`` completes at the later of its
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..schedule import Await, Copy, Post, Recv, Reduce, Send, slot_owner
+from ..schedule import Await, Copy, Post, Recv, Reduce, Send, owner
 
 __all__ = ["Network", "Program", "SimResult", "compile_schedules", "simulate",
            "simulate_schedules", "step_costs", "critical_path", "PATH_TERMS", "UNIT_NETWORK"]
@@ -193,7 +193,7 @@ def _compile(schedules, itemsize):
         try:
             return owners[buffer]
         except KeyError:
-            owners[buffer] = slot_owner(buffer)
+            owners[buffer] = owner(buffer)
             return owners[buffer]
 
     g = 0

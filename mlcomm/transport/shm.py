@@ -1,13 +1,16 @@
 """The node's shared window, and the transport that synchronises on it.
 
 :class:`NodeWindow` is one ``MPI_Win_allocate_shared`` window per node communicator: every
-rank's segment holds its flag (a 64-bit counter in a cache line of its own) and its slot,
-which the rank writes and every rank of the node reads in place. Programs read and write
+rank's segment holds its flag (a 64-bit counter in a cache line of its own), the addresses
+of its current call's input and output (on the next cache line, for peers' single-copy
+reads, :mod:`mlcomm.transport.peer`) and its slot, which the rank writes and every rank of
+the node reads in place. Programs read and write
 slots with plain copies and reductions (the slots are buffers of the binding);
 :class:`NodeSync` is the transport of their node synchronisations (:class:`mlcomm.program.
 Sync`):
 
-- a post stores ``base + count`` into this rank's flag with release ordering;
+- a post stores this rank's input and output addresses, then ``base + count`` into its
+  flag with release ordering;
 - a wait completes once the peer's flag, loaded with acquire ordering, reaches
   ``base + count``. ``base`` is this rank's flag when its collective began, which a wait
   with count 0 (the first step of every schedule that uses the window) records. Every rank
@@ -25,12 +28,14 @@ from mpi4py import MPI
 
 from . import Transport
 
-__all__ = ["NodeWindow", "NodeSync", "WindowError", "CONTROL_BYTES"]
+__all__ = ["NodeWindow", "NodeSync", "WindowError", "CONTROL_BYTES", "ADDRESSES"]
 
-#: bytes before each slot: the flag, alone in its cache lines
+#: bytes before each slot: the flag, alone in its cache line, then the published addresses
 CONTROL_BYTES = 128
-_BASE, _ME, _L = 0, 1, 2
-_FLAGS = 4  # then L flag addresses, then two words per sync: peer, count (post: count)
+#: where the input's and the output's addresses lie after the flag
+ADDRESSES = 64
+_BASE, _ME, _L, _IN, _OUT = 0, 1, 2, 3, 4
+_FLAGS = 6  # then L flag addresses, then two words per sync: peer, count (post: count)
 
 
 class WindowError(RuntimeError):
@@ -39,7 +44,11 @@ class WindowError(RuntimeError):
 
 class NodeWindow:
     """``slot_bytes`` of shared memory per rank of ``node`` (a node communicator), plus its
-    flag. Collective over ``node``; every rank raises alike when any rank cannot allocate."""
+    flag. Collective over ``node``; every rank raises alike when any rank cannot allocate.
+
+    ``pids`` are the node's processes in local order; ``single_copy`` says whether every
+    rank can read every other's memory (see :func:`mlcomm.transport.peer.probe`), with
+    ``single_copy_error`` the reason when not."""
 
     def __init__(self, node, slot_bytes: int):
         self.node, self.slot_bytes = node, slot_bytes
@@ -69,6 +78,9 @@ class NodeWindow:
         self.flags = [align(a) for a in self.segments]
         self.slots = [f + CONTROL_BYTES for f in self.flags]
         win.Fence()  # the zeroed flags are visible to every rank before any post
+        from .peer import probe
+        self.pids, self.single_copy_error = probe(node)
+        self.single_copy = self.single_copy_error is None
 
     def slot_array(self, local: int, dtype) -> np.ndarray:
         """Local rank ``local``'s slot as an array of ``dtype`` (the window keeps the memory)."""
@@ -79,6 +91,12 @@ class NodeWindow:
     def flag_array(self, local: int) -> np.ndarray:
         import ctypes
         return np.frombuffer((ctypes.c_char * 8).from_address(self.flags[local]), np.int64)
+
+    def address_array(self, local: int) -> np.ndarray:
+        """Local rank ``local``'s published input and output addresses."""
+        import ctypes
+        raw = (ctypes.c_char * 16).from_address(self.flags[local] + ADDRESSES)
+        return np.frombuffer(raw, np.int64)
 
     def free(self) -> None:
         if self.win is not None and not MPI.Is_finalized():
@@ -102,6 +120,8 @@ def _compiled_calls():
         head = carray(i64_array_at(context), _FLAGS)
         ctx = carray(i64_array_at(context), _FLAGS + head[_L] + 2 * (first + n))
         mine = ctx[_FLAGS + ctx[_ME]]
+        store_release(mine + ADDRESSES, ctx[_IN])
+        store_release(mine + ADDRESSES + 8, ctx[_OUT])
         for i in range(first, first + n):
             store_release(mine, ctx[_BASE] + ctx[_FLAGS + ctx[_L] + 2 * i + 1])
         return 0
@@ -130,22 +150,25 @@ class NodeSync(Transport):
     communicator (for stall reports).
     """
 
-    def __init__(self, window: NodeWindow, syncs, local: int, ranks):
+    def __init__(self, window: NodeWindow, syncs, local: int, ranks, addresses=(0, 0)):
         self.window, self.syncs, self.ranks = window, tuple(syncs), tuple(ranks)
         nlocal = len(window.flags)
         ctx = np.zeros(_FLAGS + nlocal + 2 * max(len(self.syncs), 1), np.int64)
         ctx[_ME], ctx[_L] = local, nlocal
+        ctx[_IN], ctx[_OUT] = addresses
         ctx[_FLAGS:_FLAGS + nlocal] = window.flags
         for i, s in enumerate(self.syncs):
             ctx[_FLAGS + nlocal + 2 * i:_FLAGS + nlocal + 2 * i + 2] = (s.peer, s.count)
         self._ctx = ctx
         self._flags = [window.flag_array(j) for j in range(nlocal)]
+        self._published = window.address_array(local)
         self._me = local
         calls = _compiled_calls()
         self.compiled = None if calls is None else (ctx.__array_interface__["data"][0], *calls)
 
     def start(self, first, n):
         mine = self._flags[self._me]
+        self._published[:] = self._ctx[_IN:_OUT + 1]
         for s in self.syncs[first:first + n]:  # aligned 8-byte stores; x86 keeps their order
             mine[0] = self._ctx[_BASE] + s.count
         return 0

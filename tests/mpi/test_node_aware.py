@@ -21,7 +21,7 @@ ONE_NODE = len(NODES) == 1
 CASES = [("hierarchical", {}), ("hierarchical", {"intra": "direct"}),
          ("hierarchical", {"inter": "recursive_doubling"})]
 if ONE_NODE:
-    CASES.append(("shared_memory", {}))
+    CASES += [("shared_memory", {}), ("shared_memory", {"single_copy_bytes": 8})]
 COUNTS = sorted({0, 1, P, P + 1, 997, 100_003, 1 << 20})
 
 
@@ -54,6 +54,20 @@ def test_floats_agree_bitwise_and_repeat(name, options, dtype):
         agree(len(set(COMM.allgather(digest(got)))) == 1, "results differ between ranks")
         again = mlcomm.allreduce(x, algorithm=name, **options)
         agree(digest(again) == digest(got), "a repeated call gave other bits")
+
+
+def test_single_copy_reads_where_the_node_allows_them():
+    """Large vectors read the peers' buffers exactly when the window's probe allowed it."""
+    if not ONE_NODE:
+        return
+    from mlcomm.select import plan_for
+    s = session.get(COMM)
+    plan = plan_for(s, "allreduce", "shared_memory", 1 << 20, np.dtype(np.float32), "sum", {})
+    window = s.window()
+    agree(bool(plan.program.fetches) == (window.single_copy and P > 1),
+          f"single_copy={window.single_copy} ({window.single_copy_error}) but the plan has "
+          f"{len(plan.program.fetches)} reads")
+    agree(window.single_copy or P == 1 or bool(window.single_copy_error), "no reason given")
 
 
 def test_shared_memory_on_several_nodes_names_hierarchical():

@@ -1,0 +1,174 @@
+"""Single-copy reads of a node peer's own buffers: Linux cross-memory attach.
+
+``process_vm_readv`` copies from another process's memory into this one's in the kernel,
+one copy with no shared buffer between (Open MPI's ``smsc/cma`` does the same). A program
+that reads a peer's input or output (:class:`mlcomm.program.Fetch`) finds the peer's
+address in the node window, where the peer's post published it, and the peer's process id
+from :func:`probe`.
+
+The kernel allows it between processes of one user unless Yama's ``ptrace_scope`` is 2 or
+3 or a container withholds ``CAP_SYS_PTRACE``; under ``ptrace_scope`` 1 each process names
+any process of its user as a permitted reader (``PR_SET_PTRACER``), as Open MPI does.
+:func:`probe` tries one read per rank when the window is made and says, on every rank
+alike, whether single-copy reads are used on this node. ``MLCOMM_SINGLE_COPY=0`` turns
+them off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from functools import lru_cache
+
+import numpy as np
+
+from . import FAULT, Transport
+
+__all__ = ["probe", "PeerReads"]
+
+_PR_SET_PTRACER, _PR_SET_PTRACER_ANY = 0x59616D61, ctypes.c_ulong(-1)
+_READV, _ERRNO_AT, _FAILED, _GOT, _ERRNO, _IOV = 0, 1, 2, 3, 4, 5
+_HEAD, _WORDS = 10, 5  # then per fetch: pid, address word, offset, local address, nbytes
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+@lru_cache(maxsize=None)
+def _libc():
+    return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+def _readv_function():
+    fn = _libc().process_vm_readv
+    fn.restype = ctypes.c_ssize_t
+    fn.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
+                   ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong]
+    return fn
+
+
+def read(pid: int, remote: int, local: int, nbytes: int) -> None:
+    """Copy ``nbytes`` at ``remote`` in process ``pid`` to ``local``; OSError on failure."""
+    mine, theirs = _IoVec(local, nbytes), _IoVec(remote, nbytes)
+    got = _readv_function()(pid, ctypes.byref(mine), 1, ctypes.byref(theirs), 1, 0)
+    if got != nbytes:
+        err = ctypes.get_errno()
+        raise OSError(err, f"process_vm_readv read {got} of {nbytes} bytes: "
+                           f"{os.strerror(err) if got < 0 else 'short read'}")
+
+
+def _allow_readers() -> None:
+    """Under Yama ``ptrace_scope`` 1, let the node's other processes read this one."""
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            scope = f.read().strip()
+    except OSError:
+        return
+    if scope == "1":
+        _libc().prctl(_PR_SET_PTRACER, _PR_SET_PTRACER_ANY, 0, 0, 0)
+
+
+def probe(node) -> tuple:
+    """``(pids, error)`` over the node communicator ``node`` (collective): each rank reads a
+    word of its next local rank's memory; ``error`` is None when every read worked, else
+    why single-copy reads are off on this node."""
+    off = os.environ.get("MLCOMM_SINGLE_COPY", "").strip() == "0"
+    if not off:
+        _allow_readers()
+    mine = np.array([os.getpid()], np.int64)
+    everyone = node.allgather((os.getpid(), mine.ctypes.data))
+    size, me = node.Get_size(), node.Get_rank()
+    error = "MLCOMM_SINGLE_COPY=0" if off else None
+    if error is None and size > 1:
+        q = (me + 1) % size
+        word = ctypes.c_int64()
+        try:
+            read(everyone[q][0], everyone[q][1], ctypes.addressof(word), 8)
+            if word.value != everyone[q][0]:
+                raise OSError(0, "read the wrong bytes")
+        except (OSError, AttributeError) as exc:
+            error = f"local rank {me} cannot read local rank {q}'s memory ({exc})"
+    errors = node.allgather(error)  # every read is done before ``mine`` goes
+    return [pid for pid, _ in everyone], next((e for e in errors if e), None)
+
+
+@lru_cache(maxsize=None)
+def _compiled_calls():
+    """``(start, test)`` as C functions of ``(context, first, n)``; None without Numba."""
+    try:
+        from numba import carray, cfunc, types
+
+        from ..cabi import call0, call6, i64_array_at, load_acquire
+    except ImportError:  # pragma: no cover - numba is a dependency
+        return None
+    sig = types.int64(types.int64, types.int64, types.int64)
+
+    @cfunc(sig, cache=True, nopython=True)
+    def start(context, first, n):
+        ctx = carray(i64_array_at(context), _HEAD + _WORDS * (first + n))
+        iov = context + 8 * _IOV
+        for i in range(first, first + n):
+            f = _HEAD + _WORDS * i
+            ctx[_IOV], ctx[_IOV + 1] = ctx[f + 3], ctx[f + 4]
+            ctx[_IOV + 2], ctx[_IOV + 3] = load_acquire(ctx[f + 1]) + ctx[f + 2], ctx[f + 4]
+            got = call6(ctx[_READV], ctx[f], iov, 1, iov + 16, 1, 0)
+            if got != ctx[f + 4]:
+                ctx[_FAILED], ctx[_GOT] = i, got
+                ctx[_ERRNO] = load_acquire(call0(ctx[_ERRNO_AT])) & 0xFFFFFFFF
+                return -1
+        return 0
+
+    @cfunc(sig, cache=True, nopython=True)
+    def test(context, first, n):
+        return 1
+
+    return start.address, test.address
+
+
+class PeerReads(Transport):
+    """The single-copy reads of one program (:class:`mlcomm.program.Fetch`) on ``window``:
+    each copies from a local peer's input or output, whose address the peer published,
+    into ``addresses[fetch.buffer] + fetch.at``. ``ranks``: the node's ranks (messages)."""
+
+    def __init__(self, window, fetches, addresses, ranks):
+        from ..cabi import libc_address
+        from .shm import ADDRESSES
+        self.fetches, self.ranks = tuple(fetches), tuple(ranks)
+        ctx = np.zeros(_HEAD + _WORDS * max(len(self.fetches), 1), np.int64)
+        ctx[_READV] = libc_address("process_vm_readv")
+        ctx[_ERRNO_AT] = libc_address("__errno_location")
+        for i, f in enumerate(self.fetches):
+            ctx[_HEAD + _WORDS * i:_HEAD + _WORDS * (i + 1)] = (
+                window.pids[f.peer], window.flags[f.peer] + ADDRESSES + 8 * f.source,
+                f.offset, addresses[f.buffer] + f.at, f.nbytes)
+        self._ctx = ctx
+        self._published = [window.address_array(j) for j in range(len(window.flags))]
+        calls = _compiled_calls()
+        self.compiled = None if calls is None else (ctx.__array_interface__["data"][0], *calls)
+
+    def start(self, first, n):
+        for i in range(first, first + n):
+            f, words = self.fetches[i], self._ctx[_HEAD + _WORDS * i:_HEAD + _WORDS * (i + 1)]
+            try:
+                read(int(words[0]), int(self._published[f.peer][f.source]) + f.offset,
+                     int(words[3]), f.nbytes)
+            except OSError as exc:
+                self._ctx[_FAILED], self._ctx[_GOT], self._ctx[_ERRNO] = i, -1, exc.errno or 0
+                return FAULT
+        return 0
+
+    def test(self, first, n):
+        return 1
+
+    def pending_peers(self, first, n):
+        return []
+
+    def fault(self) -> str:
+        i, got, err = (int(v) for v in self._ctx[[_FAILED, _GOT, _ERRNO]])
+        f = self.fetches[i]
+        why = os.strerror(err) if got < 0 else f"{got} bytes"
+        return (f"a single-copy read of {f.nbytes} bytes from rank {self.ranks[f.peer]}'s "
+                f"{'output' if f.source else 'input'} failed ({why}); set "
+                f"MLCOMM_SINGLE_COPY=0 to use the window's copies instead")

@@ -1,0 +1,65 @@
+"""Single-copy reads of another process's memory (mlcomm.transport.peer), in one process."""
+
+import ctypes
+import os
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from mlcomm.program import OUTPUT, Fetch
+from mlcomm.transport import FAULT
+from mlcomm.transport.peer import PeerReads, probe
+from mlcomm.transport.shm import ADDRESSES
+
+
+def _start(reads, compiled):
+    """``reads.start(0, 1)`` in Python, or through the compiled loop's C function."""
+    if not compiled:
+        return reads.start(0, 1)
+    context, start, _ = reads.compiled
+    return ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                            ctypes.c_int64)(start)(context, 0, 1)
+
+
+class _Window:
+    """What PeerReads needs of a node window: pids, flag addresses, published addresses."""
+
+    def __init__(self, pids):
+        self.pids = pids
+        self.words = np.zeros((len(pids), ADDRESSES // 8 + 2), np.int64)
+        self.flags = [self.words.ctypes.data + j * self.words.strides[0]
+                      for j in range(len(pids))]
+
+    def address_array(self, j):
+        return self.words[j, ADDRESSES // 8:]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_read_copies_from_the_published_address(compiled):
+    source = np.arange(10, dtype=np.float64)
+    target = np.zeros(4)
+    window = _Window([os.getpid()])
+    window.address_array(0)[OUTPUT] = source.ctypes.data  # "local rank 0's output"
+    reads = PeerReads(window, [Fetch(0, OUTPUT, 3 * 8, 0, 8, 3 * 8)], [target.ctypes.data], [7])
+    assert _start(reads, compiled) == 0 and reads.test(0, 1) == 1
+    assert target.tolist() == [0, 3, 4, 5]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_failed_read_faults_and_says_how_to_turn_reads_off(compiled):
+    window = _Window([os.getpid()])
+    window.address_array(0)[OUTPUT] = 8  # unmapped
+    target = np.zeros(4)
+    reads = PeerReads(window, [Fetch(0, OUTPUT, 0, 0, 0, 32)], [target.ctypes.data], [7])
+    assert _start(reads, compiled) == FAULT
+    message = reads.fault()
+    assert "32 bytes from rank 7's output" in message and "Bad address" in message
+    assert "MLCOMM_SINGLE_COPY=0" in message
+
+
+def test_the_probe_reads_a_peer_or_says_why_not(monkeypatch):
+    pids, error = probe(MPI.COMM_SELF)
+    assert pids == [os.getpid()] and error is None
+    monkeypatch.setenv("MLCOMM_SINGLE_COPY", "0")
+    assert probe(MPI.COMM_SELF)[1] == "MLCOMM_SINGLE_COPY=0"
