@@ -14,6 +14,10 @@ Per size, every rank moves the part of its peers' vectors that a reduce-scatter 
   array (one copy, no window), after a barrier;
 - ``sendrecv``: ``MPI_Sendrecv`` of each part with each peer (MPICH's own path).
 
+Beside them, two whole all-reduces of the vector: ``shm-window`` (``shared_memory``
+through the window's copies) and ``shm-reads`` (``shared_memory`` by single-copy reads),
+by setting its ``single_copy_bytes`` above and below the size.
+
 It prints each one's median time over ``MPI_Allreduce``'s. A kernel that forbids CMA (Yama
 ``ptrace_scope`` 2 or 3, or no ``CAP_SYS_PTRACE`` in a container) makes ``cma`` fail with
 the errno, and the script says so.
@@ -118,6 +122,11 @@ def main() -> int:
         if rank == 0:
             print(f"cma: not allowed here ({forbidden[0]}); timing the others", flush=True)
         comm.Barrier()
+    import mlcomm
+    for name, at in (("shm-window", 1 << 62), ("shm-reads", 1)):
+        tests[name] = lambda at=at: mlcomm.allreduce(mine, out, algorithm="shared_memory",
+                                                     single_copy_bytes=at)
+        tests[name]()  # plan, bind and probe outside the timed rounds
     times = {name: [] for name in tests}
     names = list(tests)
     for r in range(args.rounds):
@@ -133,7 +142,7 @@ def main() -> int:
         print(f"# P={p}, {args.size} B vectors (MPI_Allreduce {base * 1e3:.2f} ms); each moves (p-1)/p of a vector; "
               f"median of {args.rounds} rounds over MPI_Allreduce of the vector")
         for name in names:
-            print(f"{name:9s} {statistics.median(times[name]) / base:6.2f}")
+            print(f"{name:10s} {statistics.median(times[name]) / base:6.2f}")
     return 0
 
 

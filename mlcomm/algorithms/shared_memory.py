@@ -135,15 +135,15 @@ def exchange(tl, sync, half, starts, write, read, t=0, reads=None):
     return t
 
 
-def by_reads(tl, sync, node, rank, count, itemsize, read_bytes=None):
-    """Reduce-scatter by reading part ``local`` of every peer's input, ``read_bytes`` at a
-    time into scratch, in local order; all-gather by reading every other part from its
-    owner's output; then a barrier, after which no peer reads this rank's buffers."""
+def by_reads(tl, sync, node, rank, count, itemsize):
+    """Reduce-scatter by reading this rank's part of every peer's input,
+    :data:`READ_CHUNK_BYTES` at a time into scratch, in local order; all-gather by reading
+    every other part from its owner's output; then a barrier, after which no peer reads
+    this rank's buffers."""
     parts = chunk_bounds(count, len(node))
     local = node.index(rank)
     lo, hi = parts[local], parts[local + 1]
-    chunk = max(1, min(hi - lo, elements("read_bytes", read_bytes or READ_CHUNK_BYTES,
-                                         itemsize)))
+    chunk = max(1, min(hi - lo, READ_CHUNK_BYTES // itemsize))
     data = sync.post(1)  # this rank's buffers' addresses
     for q in node:
         sync.wait(2, q, data)
@@ -152,7 +152,6 @@ def by_reads(tl, sync, node, rank, count, itemsize, read_bytes=None):
         # partial results in the first scratch chunk, the last straight into the output
         # (in place, this rank's input is read before the output is written)
         total, fetched = Region(SCRATCH, 0, n), Region(SCRATCH, chunk, n)
-        first = None
         for k, q in enumerate(node):
             operand = Region(INPUT, a, n) if q == rank else (total if k == 0 else fetched)
             if q != rank:
@@ -161,8 +160,6 @@ def by_reads(tl, sync, node, rank, count, itemsize, read_bytes=None):
                 dst = Region(OUTPUT, a, n) if k == len(node) - 1 else total
                 tl.reduce(2, dst, operand, left=first if k == 1 else total)
             first = operand
-        if len(node) == 1:
-            tl.copy(2, Region(OUTPUT, a, n), first)
     tl.need_scratch(2 * chunk)
     done = sync.post(3)
     for j, q in enumerate(node):
@@ -171,7 +168,6 @@ def by_reads(tl, sync, node, rank, count, itemsize, read_bytes=None):
             at, n = parts[j], parts[j + 1] - parts[j]
             tl.copy(3, Region(OUTPUT, at, n), Region(peer(OUTPUT, q), at, n))
     sync.barrier(4)
-    return 5
 
 
 def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES,

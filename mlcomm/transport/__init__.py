@@ -18,10 +18,24 @@ persistent point-to-point requests.
 
 from __future__ import annotations
 
-__all__ = ["Transport", "FAULT"]
+__all__ = ["Transport", "FAULT", "compile_calls"]
 
 #: what ``test`` and ``start`` return when a transfer went wrong
 FAULT = -1
+
+
+def compile_calls(define):
+    """The addresses of a transport's C ``start`` and ``test``: ``define(compile)`` returns
+    the two, each a Python function of ``(context, first, n)`` decorated with ``compile``
+    (a Numba ``cfunc`` returning int64, cached on disk). None without Numba."""
+    try:
+        from numba import cfunc, types
+    except ImportError:  # pragma: no cover - numba is a dependency
+        return None
+    compile = cfunc(types.int64(types.int64, types.int64, types.int64), cache=True,
+                    nopython=True)
+    start, test = define(compile)
+    return start.address, test.address
 
 
 class Transport:

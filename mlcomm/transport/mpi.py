@@ -17,7 +17,7 @@ from mpi4py import MPI
 from mpi4py.util.dtlib import from_numpy_dtype
 
 from ..kernels import OP_TABLE, OPS, normalize_op
-from . import FAULT, Transport
+from . import FAULT, Transport, compile_calls
 
 __all__ = ["IN_PLACE", "PointToPoint", "op_name", "mpi_op", "native_call", "native_dtype_ok",
            "describe_error", "abort_job"]
@@ -69,15 +69,15 @@ _SIZE_MISMATCH, _MPI_ERROR = 1, 2
 @lru_cache(maxsize=None)
 def _compiled_calls():
     """``(start, test)`` as C functions of ``(context, first, n)``; None without Numba."""
-    try:
-        from numba import carray, cfunc, types
+    return compile_calls(_define)
 
-        from ..cabi import ccall2, ccall3, ccall4, i64_array_at
-    except ImportError:  # pragma: no cover - numba is a dependency
-        return None
-    sig = types.int64(types.int64, types.int64, types.int64)
 
-    @cfunc(sig, cache=True, nopython=True)
+def _define(compile):
+    from numba import carray
+
+    from ..cabi import ccall2, ccall3, ccall4, i64_array_at
+
+    @compile
     def start(context, first, n):
         ctx = carray(i64_array_at(context), _EXPECT + first + n)
         err = ccall2(ctx[_STARTALL], n, ctx[_REQS] + first * ctx[_REQ_BYTES])
@@ -90,7 +90,7 @@ def _compiled_calls():
                 sent[0] -= ctx[_EXPECT + first + i] + 1
         return 0
 
-    @cfunc(sig, cache=True, nopython=True)
+    @compile
     def test(context, first, n):
         ctx = carray(i64_array_at(context), _EXPECT + first + n)
         ctx[_FLAG] = 0
@@ -116,7 +116,7 @@ def _compiled_calls():
                     return FAULT
         return 1
 
-    return start.address, test.address
+    return start, test
 
 
 class PointToPoint(Transport):

@@ -23,7 +23,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from . import FAULT, Transport
+from . import FAULT, Transport, compile_calls
 
 __all__ = ["probe", "PeerReads"]
 
@@ -97,15 +97,15 @@ def probe(node) -> tuple:
 @lru_cache(maxsize=None)
 def _compiled_calls():
     """``(start, test)`` as C functions of ``(context, first, n)``; None without Numba."""
-    try:
-        from numba import carray, cfunc, types
+    return compile_calls(_define)
 
-        from ..cabi import call0, call6, i64_array_at, load_acquire
-    except ImportError:  # pragma: no cover - numba is a dependency
-        return None
-    sig = types.int64(types.int64, types.int64, types.int64)
 
-    @cfunc(sig, cache=True, nopython=True)
+def _define(compile):
+    from numba import carray
+
+    from ..cabi import call0, call6, i64_array_at, load_acquire
+
+    @compile
     def start(context, first, n):
         ctx = carray(i64_array_at(context), _HEAD + _WORDS * (first + n))
         iov = context + 8 * _IOV
@@ -120,11 +120,11 @@ def _compiled_calls():
                 return -1
         return 0
 
-    @cfunc(sig, cache=True, nopython=True)
+    @compile
     def test(context, first, n):
         return 1
 
-    return start.address, test.address
+    return start, test
 
 
 class PeerReads(Transport):

@@ -26,7 +26,7 @@ from functools import lru_cache
 import numpy as np
 from mpi4py import MPI
 
-from . import Transport
+from . import Transport, compile_calls
 
 __all__ = ["NodeWindow", "NodeSync", "WindowError", "CONTROL_BYTES", "ADDRESSES"]
 
@@ -107,15 +107,15 @@ class NodeWindow:
 @lru_cache(maxsize=None)
 def _compiled_calls():
     """``(start, test)`` as C functions of ``(context, first, n)``; None without Numba."""
-    try:
-        from numba import carray, cfunc, types
+    return compile_calls(_define)
 
-        from ..cabi import i64_array_at, load_acquire, store_release
-    except ImportError:  # pragma: no cover - numba is a dependency
-        return None
-    sig = types.int64(types.int64, types.int64, types.int64)
 
-    @cfunc(sig, cache=True, nopython=True)
+def _define(compile):
+    from numba import carray
+
+    from ..cabi import i64_array_at, load_acquire, store_release
+
+    @compile
     def start(context, first, n):
         head = carray(i64_array_at(context), _FLAGS)
         ctx = carray(i64_array_at(context), _FLAGS + head[_L] + 2 * (first + n))
@@ -126,7 +126,7 @@ def _compiled_calls():
             store_release(mine, ctx[_BASE] + ctx[_FLAGS + ctx[_L] + 2 * i + 1])
         return 0
 
-    @cfunc(sig, cache=True, nopython=True)
+    @compile
     def test(context, first, n):
         head = carray(i64_array_at(context), _FLAGS)
         ctx = carray(i64_array_at(context), _FLAGS + head[_L] + 2 * (first + n))
@@ -140,7 +140,7 @@ def _compiled_calls():
                 return 0
         return 1
 
-    return start.address, test.address
+    return start, test
 
 
 class NodeSync(Transport):
