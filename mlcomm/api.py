@@ -101,10 +101,10 @@ _VALIDATE = os.environ.get("MLCOMM_VALIDATE") == "1"
 
 def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
     """Run one collective call; return what the public function returns."""
-    if validate is None and not options and not _VALIDATE:
+    if validate is None and not _VALIDATE:
         slot = SLOTS.get(slot_key(sendbuf, recvbuf, algorithm))
         if slot is not None and slot.matches(collective, sendbuf, recvbuf, op, comm, algorithm,
-                                             root):
+                                             root, options):
             return slot()
     if (type(sendbuf) is not np.ndarray and gpu.is_device_array(sendbuf)) or (
             type(recvbuf) is not np.ndarray and gpu.is_device_array(recvbuf)):
@@ -164,7 +164,7 @@ def _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
     A call that may repeat leaves a slot in its session, which the next identical call runs.
     """
     args = (collective, sendbuf, recvbuf, op, comm, algorithm, root)
-    remember = not options and validate is None and not _VALIDATE and (
+    remember = validate is None and not _VALIDATE and (
         type(sendbuf) is np.ndarray or is_in_place(sendbuf) or tensors.is_tensor(sendbuf)) and (
         type(recvbuf) is np.ndarray or recvbuf is None or tensors.is_tensor(recvbuf))
     session, out, run, binding, finish = _bind_host(*args, validate, options)
@@ -175,7 +175,7 @@ def _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
     result = _result(collective, out, sendbuf, recvbuf, session.rank, root)
     if remember and remembers(result, sendbuf, recvbuf):
         session.remember(slot_key(sendbuf, recvbuf, algorithm),
-                         Slot(session, args, run, binding, finish, result))
+                         Slot(session, args, run, binding, finish, result, options))
     return result, out
 
 
@@ -365,10 +365,10 @@ def allreduce(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None, val
     place.  ``algorithm`` defaults to ``MLCOMM_ALGORITHM`` or ``auto``;
     ``options`` are the algorithm's (``servers=``, ``segment_bytes=`` ...).
     """
-    if validate is None and not options:  # a repeat: its slot runs it (see _run)
+    if validate is None:  # a repeat: its slot runs it (see _run)
         slot = SLOTS.get(id(sendbuf if recvbuf is None else recvbuf) + id(algorithm))
         if slot is not None and slot.matches("allreduce", sendbuf, recvbuf, op, comm,
-                                             algorithm, 0):
+                                             algorithm, 0, options):
             return slot()
     return _run("allreduce", sendbuf, recvbuf, op, comm, algorithm, 0, validate, options)
 

@@ -129,17 +129,18 @@ class Slot:
     """A call seen before, bound to its buffers: running it skips checks and planning.
 
     A repeat is the same objects again (``is``, as NCCL's and Horovod's caches key on
-    buffers): the collective, both buffers (held weakly), op, comm, algorithm and root; and
-    what can change in place: each array's dtype and size.
+    buffers): the collective, both buffers (held weakly), op, comm, algorithm and root; equal
+    algorithm options; and what can change in place: each array's dtype and size.
     """
 
-    __slots__ = ("algorithm", "binding", "collective", "comm", "finish", "loop", "op", "recv",
-                 "recv_memory", "recv_ref", "result", "root", "send", "send_memory",
+    __slots__ = ("algorithm", "binding", "collective", "comm", "finish", "loop", "op", "options",
+                 "recv", "recv_memory", "recv_ref", "result", "root", "send", "send_memory",
                  "send_ref", "session", "trouble", "__weakref__")
 
-    def __init__(self, session, args, run, binding, finish, result):
+    def __init__(self, session, args, run, binding, finish, result, options=None):
         (self.collective, sendbuf, recvbuf, self.op, self.comm, self.algorithm,
          self.root) = args
+        self.options = dict(options or {})
         self.session, self.binding, self.finish = session, binding, finish
         # a binding's loop runs straight away (a code other than 0 goes to its handler);
         # the mpi algorithm's call returns None
@@ -170,10 +171,12 @@ class Slot:
             self.finish()
         return self.result()
 
-    def matches(self, collective, sendbuf, recvbuf, op, comm, algorithm, root) -> bool:
+    def matches(self, collective, sendbuf, recvbuf, op, comm, algorithm, root,
+                options) -> bool:
         return (self.recv_ref() is recvbuf and self.send_ref() is sendbuf and op is self.op
                 and algorithm is self.algorithm and comm is self.comm
                 and collective is self.collective and root == self.root
+                and options == self.options
                 and (self.send is None or sendbuf.dtype is self.send)
                 and (self.recv is None or recvbuf.dtype is self.recv)
                 and (self.send_memory is None

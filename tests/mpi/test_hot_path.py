@@ -105,6 +105,19 @@ def test_alternating_algorithms_on_one_buffer_stay_repeats():
             seen[name] = slot
 
 
+def test_a_call_with_options_repeats_until_its_options_change():
+    x, y = np.arange(4099, dtype=np.int64) + RANK, np.empty(4099, np.int64)
+    slots = []
+    for segment in (512, 512, 1024, 1024):
+        x += 1
+        mlcomm.allreduce(x, y, algorithm="ring", segment_bytes=segment)
+        agree(np.array_equal(y, reference(COMM, x, "sum")), f"segment_bytes={segment}")
+        slots.append(session.SLOTS.get(session.slot_key(x, y, "ring")))
+        agree(slots[-1] is not None and slots[-1].options == {"segment_bytes": segment})
+    agree(slots[0] is slots[1] and slots[2] is slots[3] and slots[1] is not slots[2],
+          "equal options repeat through one slot; new options plan again")
+
+
 def test_repeated_avg_divides_every_time():
     x = np.full(5, float(RANK + 1))
     y = np.empty(5)
