@@ -16,7 +16,7 @@ from .algorithms import AUTO, COLLECTIVES, MPI_NATIVE
 from .device import DeviceVector
 from .select import agreed_choice, plan_for, requested
 from .progress import Request
-from .session import SLOTS, Slot, remembers, slot_key
+from .session import MISS, SLOTS, Slot, remembers, slot_key
 from .session import get as session_of
 from .transport.mpi import native_call, native_dtype_ok, op_name
 
@@ -103,9 +103,11 @@ def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, opti
     """Run one collective call; return what the public function returns."""
     if validate is None and not _VALIDATE:
         slot = SLOTS.get(slot_key(sendbuf, recvbuf, algorithm))
-        if slot is not None and slot.matches(collective, sendbuf, recvbuf, op, comm, algorithm,
-                                             root, options):
-            return slot()
+        if slot is not None:
+            result = slot.repeat(collective, sendbuf, recvbuf, op, comm, algorithm, root,
+                                 options)
+            if result is not MISS:
+                return result
     if (type(sendbuf) is not np.ndarray and gpu.is_device_array(sendbuf)) or (
             type(recvbuf) is not np.ndarray and gpu.is_device_array(recvbuf)):
         return _run_device(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
@@ -367,9 +369,10 @@ def allreduce(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None, val
     """
     if validate is None:  # a repeat: its slot runs it (see _run)
         slot = SLOTS.get(id(sendbuf if recvbuf is None else recvbuf) + id(algorithm))
-        if slot is not None and slot.matches("allreduce", sendbuf, recvbuf, op, comm,
-                                             algorithm, 0, options):
-            return slot()
+        if slot is not None:
+            result = slot.repeat("allreduce", sendbuf, recvbuf, op, comm, algorithm, 0, options)
+            if result is not MISS:
+                return result
     return _run("allreduce", sendbuf, recvbuf, op, comm, algorithm, 0, validate, options)
 
 
@@ -410,7 +413,7 @@ def allreduce_init(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None
     return Persistent("allreduce", sendbuf, recvbuf, op, comm, algorithm, 0, validate, options)
 
 
-class Persistent(Slot):
+class Persistent:
     """A collective bound to its buffers: calling it runs the collective and returns the result.
 
     A call skips everything ``mlcomm.allreduce`` does before its plan runs: argument checks,
@@ -421,18 +424,34 @@ class Persistent(Slot):
     communicator is freed.
     """
 
-    __slots__ = ("buffers", "request")
+    __slots__ = ("binding", "buffers", "finish", "loop", "request", "result", "run", "session",
+                 "trouble", "__weakref__")
 
     def __init__(self, collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
                  options):
         args = (collective, sendbuf, recvbuf, op, comm, algorithm, root)
         session, out, run, binding, finish = _bind_host(*args, validate, options, own=True)
         result = _result(collective, out, sendbuf, recvbuf, session.rank, root)
-        super().__init__(session, args, run, binding, finish, result)
+        self.session, self.binding, self.finish, self.run = session, binding, finish, run
+        # a binding's loop runs straight away (a code other than 0 goes to its handler);
+        # the mpi algorithm's call returns None
+        self.loop = run if binding is None else binding.loop
+        self.trouble = None if binding is None else binding.trouble
         self.buffers = (sendbuf, recvbuf, out)
         self.result = lambda: result  # the handle owns its buffers
         self.request = None
         session.handles.add(self)
+
+    def __call__(self):
+        """Run the collective again; return what the public call returns."""
+        if self.session.progress is not None:
+            self.session.progress.drain()
+        code = self.loop()
+        if code:
+            self.trouble(code)
+        if self.finish is not None:
+            self.finish()
+        return self.result()
 
     def start(self) -> Request:
         """Start the collective on the communicator's progress thread (as
@@ -457,6 +476,7 @@ class Persistent(Slot):
         if self.binding is not None:
             self.binding.free()
         self.binding, self.loop = None, _released
+        self.run = _released
 
 
 def _released():

@@ -39,7 +39,7 @@ from .binding import Binding, buffer_key, settings_from_env
 from .plan import make_plan, plan_key
 from .progress import Progress
 
-__all__ = ["Session", "get", "Slot", "SLOTS", "slot_key", "remembers", "CACHE_BYTES",
+__all__ = ["Session", "get", "Slot", "MISS", "SLOTS", "slot_key", "remembers", "CACHE_BYTES",
            "cache_bytes", "cached_bytes"]
 
 log = logging.getLogger("mlcomm")
@@ -125,65 +125,80 @@ def remembers(result, sendbuf, recvbuf) -> bool:
     return result is None or (result is recvbuf or result is sendbuf) and result is not None
 
 
+#: what :attr:`Slot.repeat` returns for a call that is not its slot's
+MISS = object()
+
+
 class Slot:
     """A call seen before, bound to its buffers: running it skips checks and planning.
 
     A repeat is the same objects again (``is``, as NCCL's and Horovod's caches key on
     buffers): the collective, both buffers (held weakly), op, comm, algorithm and root; equal
     algorithm options; and what can change in place: each array's dtype and size.
+    ``repeat(collective, sendbuf, recvbuf, op, comm, algorithm, root, options)`` runs such a
+    call and returns what the public call returns, or :data:`MISS` for any other call.
     """
 
-    __slots__ = ("algorithm", "binding", "collective", "comm", "finish", "loop", "op", "options",
-                 "recv", "recv_memory", "recv_ref", "result", "root", "send", "send_memory",
-                 "send_ref", "session", "trouble", "__weakref__")
+    __slots__ = ("algorithm", "binding", "options", "recv_ref", "repeat", "send_ref", "session",
+                 "__weakref__")
 
     def __init__(self, session, args, run, binding, finish, result, options=None):
-        (self.collective, sendbuf, recvbuf, self.op, self.comm, self.algorithm,
-         self.root) = args
+        collective, sendbuf, recvbuf, op, comm, self.algorithm, root = args
         self.options = dict(options or {})
-        self.session, self.binding, self.finish = session, binding, finish
-        # a binding's loop runs straight away (a code other than 0 goes to its handler);
-        # the mpi algorithm's call returns None
-        self.loop = run if binding is None else binding.loop
-        self.trouble = None if binding is None else binding.trouble
+        self.session, self.binding = session, binding
         self.send_ref, self.recv_ref = _ref(sendbuf), _ref(recvbuf)
-        # what can change in place: the dtype (a new size needs a resize, which NumPy
-        # refuses on a weakly referenced array); a tensor's storage too (set_, resize_)
-        self.send, self.send_memory = _layout(sendbuf)
-        self.recv, self.recv_memory = _layout(recvbuf)
         # the caller's own buffer is returned through its weak reference (see remembers)
-        self.result = self.recv_ref if result is recvbuf and result is not None else \
+        answer = self.recv_ref if result is recvbuf and result is not None else \
             self.send_ref if result is sendbuf and result is not None else _none
+        self.repeat = _repeat(self, collective, op, comm, root, sendbuf, recvbuf,
+                              run if binding is None else binding.loop, finish, answer)
 
-    @property
-    def run(self):
-        """Run the bound call once (without the result)."""
-        return self.binding.run if self.binding is not None else self.loop
 
-    def __call__(self):
-        """Run the bound call again; return what the public call returns."""
-        if self.session.progress is not None:
-            self.session.progress.drain()
-        code = self.loop()
+def _repeat(slot, collective, op, comm, root, sendbuf, recvbuf, loop, finish, answer):
+    """The slot's ``repeat``: one closure, since it is the whole cost of a repeated call.
+
+    A binding's loop runs straight away (a code other than 0 goes to its handler); the mpi
+    algorithm's call returns None. What can change in place is checked too: the dtype (a
+    new size needs a resize, which NumPy refuses on a weakly referenced array); a tensor's
+    storage (``set_``, ``resize_``).
+    """
+    send_ref, recv_ref, algorithm, options = slot.send_ref, slot.recv_ref, slot.algorithm, \
+        slot.options
+    session, binding = slot.session, slot.binding
+    trouble = None if binding is None else binding.trouble
+    send, send_memory = _layout(sendbuf)
+    recv, recv_memory = _layout(recvbuf)
+    plain = send_memory is None and recv_memory is None and send is not None \
+        and recv is not None
+
+    def changed(sendbuf, recvbuf):
+        return ((send is not None and sendbuf.dtype is not send)
+                or (recv is not None and recvbuf.dtype is not recv)
+                or (send_memory is not None
+                    and (sendbuf.data_ptr(), sendbuf.numel()) != send_memory)
+                or (recv_memory is not None
+                    and (recvbuf.data_ptr(), recvbuf.numel()) != recv_memory))
+
+    def repeat(collective_, sendbuf, recvbuf, op_, comm_, algorithm_, root_, options_):
+        if (recv_ref() is not recvbuf or send_ref() is not sendbuf or op_ is not op
+                or algorithm_ is not algorithm or comm_ is not comm
+                or collective_ is not collective or root_ != root or options_ != options
+                or (binding is not None and not binding.live)):
+            return MISS
+        if plain:  # two arrays: only their dtypes can change
+            if sendbuf.dtype is not send or recvbuf.dtype is not recv:
+                return MISS
+        elif changed(sendbuf, recvbuf):
+            return MISS
+        if session.progress is not None:
+            session.progress.drain()
+        code = loop()
         if code:
-            self.trouble(code)
-        if self.finish is not None:
-            self.finish()
-        return self.result()
-
-    def matches(self, collective, sendbuf, recvbuf, op, comm, algorithm, root,
-                options) -> bool:
-        return (self.recv_ref() is recvbuf and self.send_ref() is sendbuf and op is self.op
-                and algorithm is self.algorithm and comm is self.comm
-                and collective is self.collective and root == self.root
-                and options == self.options
-                and (self.send is None or sendbuf.dtype is self.send)
-                and (self.recv is None or recvbuf.dtype is self.recv)
-                and (self.send_memory is None
-                     or (sendbuf.data_ptr(), sendbuf.numel()) == self.send_memory)
-                and (self.recv_memory is None
-                     or (recvbuf.data_ptr(), recvbuf.numel()) == self.recv_memory)
-                and (self.binding is None or self.binding.live))
+            trouble(code)
+        if finish is not None:
+            finish()
+        return answer()
+    return repeat
 
 
 def _layout(buf):
