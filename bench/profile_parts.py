@@ -74,6 +74,7 @@ def calls_for(comm, algorithms, send, recv):
     import numpy as np
     from mpi4py import MPI
 
+    from mlcomm import session
     from mlcomm.algorithms import ALGORITHMS
     from mlcomm.api import allreduce, allreduce_init
 
@@ -89,7 +90,8 @@ def calls_for(comm, algorithms, send, recv):
         if name not in ALGORITHMS or ALGORITHMS[name].build is None:
             raise ValueError(f"--algorithms: {name!r} is not a hand-written all-reduce "
                              f"(choose from {sorted(a for a in ALGORITHMS if ALGORITHMS[a].build)})")
-        schedule = ALGORITHMS[name].build(rank, size, send.size, send.itemsize)
+        context = session.get(comm).context(ALGORITHMS[name].context)  # as the call has it
+        schedule = ALGORITHMS[name].build(rank, size, send.size, send.itemsize, **context)
         calls[name] = (lambda n: lambda: allreduce(send, recv, comm=comm, algorithm=n))(name)
         calls[f"{name}:persistent"] = allreduce_init(send, recv, comm=comm, algorithm=name)
         calls[f"{name}:plan"] = _bound(comm, schedule, send, recv)

@@ -208,8 +208,8 @@ def _bind_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate
         _validate_across_ranks(session.comm, signature, error)
     inp, out, count, opname, name, options, alias = plan_args
     if name == AUTO:
-        name = agreed_choice(session, collective, count, out.dtype, opname,
-                             device=isinstance(out, DeviceVector))
+        name, options = agreed_choice(session, collective, count, out.dtype, opname,
+                                      device=isinstance(out, DeviceVector))
     if name == MPI_NATIVE:
         run, binding = partial(native_call, collective, session.comm, inp, out, opname, root,
                                overlap=_overlap, copy=_copy, buffer=_native_buffer), None

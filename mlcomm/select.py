@@ -19,6 +19,7 @@ from functools import lru_cache
 import numpy as np
 
 from .algorithms import ALGORITHMS, AUTO, COLLECTIVES, resolve
+from .algorithms.shared_memory import SINGLE_COPY_BYTES
 from .schedule import INPUT, Copy, Recv, Send, owner
 from .profile import DEFAULT_GAMMA, DEFAULT_OP_OVERHEAD, DEFAULT_STEP_OVERHEAD, load_profile
 
@@ -35,6 +36,20 @@ TRIAL_BLOCK_SECONDS = 1e-3
 TRIAL_CALLS = (2, 256)
 #: measured times within this factor of the fastest count as a tie (the model's order breaks it)
 TRIAL_TIE = 1.02
+
+
+#: shared_memory's options that keep every size in the window
+WINDOW_ONLY = (("single_copy_bytes", 1 << 62),)
+
+
+def _window_variant(nbytes):
+    """shared_memory through its window where it would read its peers' buffers: which is
+    faster depends on whether the node's cores share a cache (docs/performance.rst)."""
+    return [WINDOW_ONLY] if nbytes >= SINGLE_COPY_BYTES else []
+
+
+#: name -> (bytes -> option sets) that a trial times beside the name's defaults
+VARIANTS = {"shared_memory": _window_variant}
 
 
 def requested(algorithm, collective: str, default=None) -> str:
@@ -197,29 +212,32 @@ def plan_for(session, collective, name, count, dtype, op, options, alias=None):
         options = dict(options, **session.context(context))
     if options.get("inter") == AUTO or (name == "hierarchical" and "inter" not in options):
         part = -(-count // max(map(len, session.nodes)))
-        options = dict(options, inter=agreed_choice(session, collective, part, dtype, op,
-                                                    flat=True))
+        inter, _ = agreed_choice(session, collective, part, dtype, op, flat=True)
+        options = dict(options, inter=inter)
     return session.plan(collective, name, count, dtype, op, options, alias)
 
 
-def agreed_choice(session, collective, count, dtype, op, *, device=False, flat=False) -> str:
-    """``auto``'s algorithm for this call on ``session``, the same on every rank.
+def agreed_choice(session, collective, count, dtype, op, *, device=False,
+                  flat=False) -> tuple:
+    """``auto``'s algorithm and its options for this call on ``session``, the same on every
+    rank.
 
     Collective on a call layout not seen before. Rank 0 proposes the tuned or modelled choice
     (:func:`auto_choice`), or for an all-reduce with neither a tuned choice nor
     ``MLCOMM_AUTO=model`` the candidates to time; every rank then runs the same trial
     (:func:`_trial`), and its choice holds for the whole power-of-two size band. ``flat``:
-    among the flat algorithms, for one rank per node (hierarchical's ``inter``).
+    among the flat algorithms, for one rank per node (hierarchical's ``inter``). The options
+    are empty but for a variant the trial timed (:data:`VARIANTS`).
     """
     p = len(session.nodes) if flat else session.size
     key = (collective, p, count, dtype.str, op, device, flat)
-    name = session.choices.get(key)
-    if name is not None:
-        return name
+    choice = session.choices.get(key)
+    if choice is not None:
+        return choice[0], dict(choice[1])
     band = ("band", collective, p, (count * dtype.itemsize).bit_length(), dtype.str, op,
             device, flat)
-    name = session.choices.get(band)
-    if name is None:
+    choice = session.choices.get(band)
+    if choice is None:
         proposal = None
         if session.rank == 0:
             try:
@@ -230,16 +248,18 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False, flat=F
         if isinstance(agreed, Exception):
             raise agreed
         choice, trial = agreed
+        choice = (choice, ()) if choice is not None else \
+            _trial(session, trial, count, dtype, op)
         if trial:
-            choice = session.choices[band] = _trial(session, trial, count, dtype, op)
-        name = choice
-    session.choices[key] = name
-    return name
+            session.choices[band] = choice
+    session.choices[key] = choice
+    return choice[0], dict(choice[1])
 
 
 def _propose(collective, p, count, dtype, op, nodes, device, flat):
     """Rank 0's ``(choice, None)``, or ``(None, trial)`` when the candidates are to be timed:
-    ``trial`` is ``[(name, calls per block), ...]`` in the model's order."""
+    ``trial`` is ``[(name, options, calls per block), ...]`` in the model's order, ``options``
+    a tuple of items (a :data:`VARIANTS` entry, else empty)."""
     mode, nbytes = _mode(), count * dtype.itemsize
     if collective != "allreduce" or flat or device or p == 1 or mode == "model":
         layout = tuple((r,) for r in range(p)) if flat else nodes
@@ -257,27 +277,29 @@ def _propose(collective, p, count, dtype, op, nodes, device, flat):
     scale = trial_bytes / nbytes if nbytes else 1.0
     ranked = sorted(times, key=times.get)
     low, high = TRIAL_CALLS
-    return None, [(name, int(min(high, max(low, TRIAL_BLOCK_SECONDS
-                                             // max(times[name] * scale, 1e-9)))))
-                    for name in ranked]
+    calls = lambda name: int(min(high, max(low, TRIAL_BLOCK_SECONDS
+                                           // max(times[name] * scale, 1e-9))))
+    return None, [(name, options, calls(name)) for name in ranked
+                  for options in ((),) + tuple(VARIANTS.get(name, lambda _: ())(nbytes))]
 
 
-def _trial(session, trial, count, dtype, op) -> str:
-    """Time each candidate on scratch buffers on every rank; return the fastest (the same
-    name on every rank: the times are reduced to the slowest rank's before choosing)."""
+def _trial(session, trial, count, dtype, op) -> tuple:
+    """Time each candidate on scratch buffers on every rank; return the fastest as ``(name,
+    options)`` (the same on every rank: the times are reduced to the slowest rank's before
+    choosing). A variant whose schedule is its default's on every rank is not timed."""
     from mpi4py import MPI
     session.wait_started()
     n = max(1, min(count, TRIAL_BYTES // dtype.itemsize))
     inp, out = np.zeros(n, dtype), np.zeros(n, dtype)
+    trial, plans = distinct_plans(session, trial, n, dtype, op)
     times = np.zeros((len(trial), TRIAL_ROUNDS))
     bindings = []
     try:
-        for name, _ in trial:
-            plan = plan_for(session, "allreduce", name, n, dtype, op, {})
-            bindings.append(session.own_binding(plan, inp, out))
+        for name, options, _ in trial:
+            bindings.append(session.own_binding(plans[name, options], inp, out))
             bindings[-1].run()  # the first call sets up
         for r in range(TRIAL_ROUNDS):  # rounds interleave the candidates: drift hits them all
-            for i, (binding, (_, calls)) in enumerate(zip(bindings, trial)):
+            for i, (binding, (_, _, calls)) in enumerate(zip(bindings, trial)):
                 session.comm.Barrier()
                 start = time.perf_counter()
                 for _ in range(calls):
@@ -290,9 +312,29 @@ def _trial(session, trial, count, dtype, op) -> str:
     typical = np.median(times, axis=1)
     pick = int(np.argmax(typical <= typical.min() * TRIAL_TIE))
     if session.rank == 0 and os.environ.get("MLCOMM_DEBUG") == "1":
-        ranked = ", ".join(f"{name}={t * 1e6:.1f}us"
-                           for (name, _), t in sorted(zip(trial, typical), key=lambda x: x[1]))
+        ranked = ", ".join(f"{_label(name, options)}={t * 1e6:.1f}us"
+                           for (name, options, _), t in sorted(zip(trial, typical),
+                                                               key=lambda x: x[1]))
         log.warning("mlcomm: auto p=%d bytes=%d -> %s (measured on %d bytes; %s)",
-                    session.size, count * dtype.itemsize, trial[pick][0], n * dtype.itemsize,
-                    ranked)
-    return trial[pick][0]
+                    session.size, count * dtype.itemsize, _label(*trial[pick][:2]),
+                    n * dtype.itemsize, ranked)
+    return trial[pick][0], trial[pick][1]
+
+
+def distinct_plans(session, trial, count, dtype, op):
+    """``(trial, plans)``: the trial's entries less the variants whose schedule is their
+    default's on every rank (a window variant where the node refuses single-copy reads),
+    and each entry's plan for ``count`` elements, keyed by ``(name, options)``."""
+    from mpi4py import MPI
+    plans = {(name, options): plan_for(session, "allreduce", name, count, dtype, op,
+                                       dict(options))
+             for name, options, _ in trial}
+    same = np.array([bool(options) and plans[name, options].schedule == plans[name, ()].schedule
+                     for name, options, _ in trial], np.int32)
+    session.comm.Allreduce(MPI.IN_PLACE, same, op=MPI.MIN)
+    return [t for t, drop in zip(trial, same) if not drop], plans
+
+
+def _label(name, options):
+    return name + (" (window only)" if options == WINDOW_ONLY else
+                   "".join(f" {k}={v}" for k, v in options))

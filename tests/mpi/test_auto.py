@@ -27,7 +27,7 @@ def _bands(s):
     return {k: v for k, v in s.choices.items() if k[0] == "band"}
 
 
-@pytest.mark.parametrize("count", [1, 1000, 70_000])
+@pytest.mark.parametrize("count", [1, 1000, 70_000, 300_000])
 def test_measured_once_per_band_same_everywhere_exact(fresh, monkeypatch, count):
     monkeypatch.delenv("MLCOMM_AUTO", raising=False)
     comm, s = fresh
@@ -41,7 +41,7 @@ def test_measured_once_per_band_same_everywhere_exact(fresh, monkeypatch, count)
     if P == 1:
         agree(not bands, f"a single rank has nothing to time: {bands}")
         return
-    agree(len(bands) == 1 and next(iter(bands.values())) in candidates, str(bands))
+    agree(len(bands) == 1 and next(iter(bands.values()))[0] in candidates, str(bands))
     everyone = COMM.allgather(sorted(bands.items()))
     agree(all(e == everyone[0] for e in everyone), f"ranks chose differently: {everyone}")
     # a trial builds a plan per candidate; another count in the same band times nothing
@@ -75,7 +75,7 @@ def test_model_only(fresh, monkeypatch):
     got = mlcomm.allreduce(x, comm=comm)
     agree(np.array_equal(got, np.full_like(x, P)))
     agree(not _bands(s), f"MLCOMM_AUTO=model timed candidates: {_bands(s)}")
-    picked = [v for k, v in s.choices.items() if k[:3] == ("allreduce", P, 4096)]
+    picked = [v[0] for k, v in s.choices.items() if k[:3] == ("allreduce", P, 4096)]
     model = select.auto_choice("allreduce", P, x.nbytes, itemsize=8, nodes=s.nodes)
     agree(picked == [model], f"{picked} is not the model's {model}")
 
@@ -95,3 +95,21 @@ def test_a_trial_waits_for_started_nonblocking_calls(fresh, monkeypatch):
     b = mlcomm.allreduce(np.full(10, RANK, np.int64), comm=comm)  # a new band: a trial
     agree(np.array_equal(req.wait(), np.full_like(a, P * (P + 1) // 2)))
     agree(np.array_equal(b, np.full(10, P * (P - 1) // 2)))
+
+
+def test_shared_memory_is_timed_through_its_window_too_where_it_would_read(fresh, monkeypatch):
+    """From single_copy_bytes on, the trial times shared_memory both ways (which wins depends
+    on whether the cores share a cache), unless the node refuses the reads."""
+    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
+    comm, s = fresh
+    if P == 1 or len(s.nodes) > 1:
+        return
+    f32 = np.dtype(np.float32)
+    for nbytes, variants in ((1 << 19, 0), (1 << 20, 1)):
+        _, trial = select._propose("allreduce", P, nbytes // 4, f32, "sum", s.nodes, False,
+                                   False)
+        window = [t for t in trial if t[0] == "shared_memory" and t[1]]
+        agree(len(window) == variants, f"{nbytes} B: {trial}")
+    kept, plans = select.distinct_plans(s, trial, (1 << 20) // 4, f32, "sum")
+    agree((window[0] in kept) == s.window().single_copy, f"{kept} {s.window().single_copy}")
+    agree(not plans["shared_memory", window[0][1]].program.fetches, "the window variant reads")
