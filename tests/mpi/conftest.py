@@ -1,9 +1,9 @@
 """The MPI suite runs inside mpiexec jobs (tests/test_mpi_jobs.py starts them): a failure on
 one rank ends the whole job (see abort_on_failure).
 
-The dtype x op matrices run whole at up to 5 ranks. At 6, 7 and 8 ranks, each job runs
-every third case (case i where ``i % 3 == P % 3``), so the three jobs together run every
-case once more, in a third of the time.
+The dtype x op matrices run whole at up to 4 ranks. At 5, 6, 7 and 8 ranks, each job runs
+every fourth case (case i where ``i % 4 == P % 4``), so the four jobs together run every
+case once more, in a quarter of the time.
 """
 
 from abort_on_failure import pytest_runtest_makereport  # noqa: F401 - the hook
@@ -14,7 +14,7 @@ MATRICES = ("test_dtype_op_matrix", "test_compiled_loop_is_bitwise_the_python_lo
 def pytest_collection_modifyitems(config, items):
     from mpi4py import MPI
     p = MPI.COMM_WORLD.Get_size()
-    if p < 6:
+    if p < 5:
         return
     seen = dict.fromkeys(MATRICES, 0)
     keep, drop = [], []
@@ -22,7 +22,7 @@ def pytest_collection_modifyitems(config, items):
         name = getattr(item, "originalname", item.name)
         if name in seen:
             index, seen[name] = seen[name], seen[name] + 1
-            if index % 3 != p % 3:
+            if index % 4 != p % 4:
                 drop.append(item)
                 continue
         keep.append(item)
