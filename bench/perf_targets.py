@@ -9,8 +9,10 @@ model), or with ``--tune`` after ``mlcomm tune`` into a profile of their own. Ea
 every algorithm, ``auto`` and ``mpi`` side by side in interleaved rounds, float32 sum, at
 every power of two from 8 B to 16 MiB. Per size, each algorithm's ratio to mpi is the
 median over the runs, and the best is the hand-written algorithm with the lowest median
-(see :func:`summarise`). Reported: at 8 B, 64 KiB and 16 MiB that best's ratio against
-its target; at every size ``auto``'s median over it. Writes
+(see :func:`summarise`). Reported: at 8 B, 64 KiB and 16 MiB that best's ratio and
+``auto``'s against the target (met when either is within it: ``auto`` may run a variant the
+hand-written defaults do not, e.g. ``shared_memory`` through its window only); at every size
+``auto``'s median over the best. Writes
 ``bench/results/perf_targets.json``.
 """
 
@@ -74,6 +76,7 @@ def summarise(runs: list, targets: dict) -> dict:
                   for alg in runs[0][nbytes]}
         best = min((a for a in median if a != "auto"), key=median.get)
         out[nbytes] = {"best": best, "median_ratio": median[best],
+                       "auto_median_ratio": median["auto"],
                        "auto_over_best_median": median["auto"] / median[best],
                        "fastest_per_run": [min((a for a in run[nbytes] if a != "auto"),
                                                key=run[nbytes].get) for run in runs],
@@ -104,15 +107,17 @@ def main() -> int:
             "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     (HERE / "results" / "perf_targets.json").write_text(
         json.dumps({"meta": meta, "ranks": table}, indent=1))
-    print(f"{'P':>2}  {'size':7s} {'best/mpi (median)':>18s}  {'target':>6s}  met  "
-          f"{'auto/best':>9s}  best (fastest per run)")
+    print(f"{'P':>2}  {'size':7s} {'best/mpi (median)':>18s}  {'auto/mpi':>8s}  {'target':>6s}"
+          f"  met  {'auto/best':>9s}  best (fastest per run)")
     for p, rows in table.items():
         for nbytes, label in LABELS.items():
             row = rows[nbytes]
             if "target" not in row:
                 continue
-            met = "yes" if row["median_ratio"] <= row["target"] else "NO"
-            print(f"{p:>2}  {label:7s} {row['median_ratio']:18.2f}  {row['target']:6.2f}  "
+            met = "yes" if min(row["median_ratio"], row["auto_median_ratio"]) <= row["target"] \
+                else "NO"
+            print(f"{p:>2}  {label:7s} {row['median_ratio']:18.2f}  "
+                  f"{row['auto_median_ratio']:8.2f}  {row['target']:6.2f}  "
                   f"{met:3s}  {row['auto_over_best_median']:9.2f}  {row['best']} "
                   f"({', '.join(row['fastest_per_run'])})")
         worst = max(rows, key=lambda n: rows[n]["auto_over_best_median"])
