@@ -16,7 +16,7 @@ from .algorithms import AUTO, COLLECTIVES, MPI_NATIVE
 from .device import DeviceVector
 from .select import agreed_choice, plan_for, requested
 from .progress import Request
-from .session import MISS, SLOTS, Slot, remembers, slot_key
+from .session import MISS, SLOTS, Slot, bound_call, remembers, slot_key
 from .session import get as session_of
 from .transport.mpi import native_call, native_dtype_ok, op_name
 
@@ -424,8 +424,8 @@ class Persistent:
     communicator is freed.
     """
 
-    __slots__ = ("binding", "buffers", "finish", "loop", "request", "result", "run", "session",
-                 "trouble", "__weakref__")
+    __slots__ = ("binding", "buffers", "call", "finish", "request", "result", "run", "session",
+                 "__weakref__")
 
     def __init__(self, collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
                  options):
@@ -433,25 +433,15 @@ class Persistent:
         session, out, run, binding, finish = _bind_host(*args, validate, options, own=True)
         result = _result(collective, out, sendbuf, recvbuf, session.rank, root)
         self.session, self.binding, self.finish, self.run = session, binding, finish, run
-        # a binding's loop runs straight away (a code other than 0 goes to its handler);
-        # the mpi algorithm's call returns None
-        self.loop = run if binding is None else binding.loop
-        self.trouble = None if binding is None else binding.trouble
         self.buffers = (sendbuf, recvbuf, out)
         self.result = lambda: result  # the handle owns its buffers
+        self.call = bound_call(session, run, binding, finish, self.result)
         self.request = None
         session.handles.add(self)
 
     def __call__(self):
         """Run the collective again; return what the public call returns."""
-        if self.session.progress is not None:
-            self.session.progress.drain()
-        code = self.loop()
-        if code:
-            self.trouble(code)
-        if self.finish is not None:
-            self.finish()
-        return self.result()
+        return self.call()
 
     def start(self) -> Request:
         """Start the collective on the communicator's progress thread (as
@@ -475,8 +465,8 @@ class Persistent:
         """Free the binding; a later call raises (the communicator is being freed)."""
         if self.binding is not None:
             self.binding.free()
-        self.binding, self.loop = None, _released
-        self.run = _released
+        self.binding = None
+        self.call = self.run = _released
 
 
 def _released():

@@ -39,7 +39,7 @@ from .binding import Binding, buffer_key, settings_from_env
 from .plan import make_plan, plan_key
 from .progress import Progress
 
-__all__ = ["Session", "get", "Slot", "MISS", "SLOTS", "slot_key", "remembers", "CACHE_BYTES",
+__all__ = ["Session", "get", "Slot", "MISS", "bound_call", "SLOTS", "slot_key", "remembers", "CACHE_BYTES",
            "cache_bytes", "cached_bytes"]
 
 log = logging.getLogger("mlcomm")
@@ -150,46 +150,18 @@ class Slot:
         # the caller's own buffer is returned through its weak reference (see remembers)
         answer = self.recv_ref if result is recvbuf and result is not None else \
             self.send_ref if result is sendbuf and result is not None else _none
-        self.repeat = _repeat(self, collective, op, comm, root, sendbuf, recvbuf,
-                              run if binding is None else binding.loop, finish, answer)
+        self.repeat = _repeat(self, collective, op, comm, root, sendbuf, recvbuf, run, finish,
+                              answer)
 
 
-def _repeat(slot, collective, op, comm, root, sendbuf, recvbuf, loop, finish, answer):
-    """The slot's ``repeat``: one closure, since it is the whole cost of a repeated call.
-
-    A binding's loop runs straight away (a code other than 0 goes to its handler); the mpi
-    algorithm's call returns None. What can change in place is checked too: the dtype (a
-    new size needs a resize, which NumPy refuses on a weakly referenced array); a tensor's
-    storage (``set_``, ``resize_``).
-    """
-    send_ref, recv_ref, algorithm, options = slot.send_ref, slot.recv_ref, slot.algorithm, \
-        slot.options
-    session, binding = slot.session, slot.binding
+def bound_call(session, run, binding, finish, answer):
+    """Run a bound call once more and return ``answer()``: what a repeat slot and a persistent
+    handle do on every call. A binding's loop runs straight away (a code other than 0 goes to
+    its handler); without a binding (the mpi algorithm) ``run`` runs and returns None."""
+    loop = run if binding is None else binding.loop
     trouble = None if binding is None else binding.trouble
-    send, send_memory = _layout(sendbuf)
-    recv, recv_memory = _layout(recvbuf)
-    plain = send_memory is None and recv_memory is None and send is not None \
-        and recv is not None
 
-    def changed(sendbuf, recvbuf):
-        return ((send is not None and sendbuf.dtype is not send)
-                or (recv is not None and recvbuf.dtype is not recv)
-                or (send_memory is not None
-                    and (sendbuf.data_ptr(), sendbuf.numel()) != send_memory)
-                or (recv_memory is not None
-                    and (recvbuf.data_ptr(), recvbuf.numel()) != recv_memory))
-
-    def repeat(collective_, sendbuf, recvbuf, op_, comm_, algorithm_, root_, options_):
-        if (recv_ref() is not recvbuf or send_ref() is not sendbuf or op_ is not op
-                or algorithm_ is not algorithm or comm_ is not comm
-                or collective_ is not collective or root_ != root or options_ != options
-                or (binding is not None and not binding.live)):
-            return MISS
-        if plain:  # two arrays: only their dtypes can change
-            if sendbuf.dtype is not send or recvbuf.dtype is not recv:
-                return MISS
-        elif changed(sendbuf, recvbuf):
-            return MISS
+    def call():
         if session.progress is not None:
             session.progress.drain()
         code = loop()
@@ -198,6 +170,35 @@ def _repeat(slot, collective, op, comm, root, sendbuf, recvbuf, loop, finish, an
         if finish is not None:
             finish()
         return answer()
+    return call
+
+
+def _repeat(slot, collective, op, comm, root, sendbuf, recvbuf, run, finish, answer):
+    """The slot's ``repeat``: one closure, since it is the whole cost of a repeated call.
+
+    What can change in place is checked too: the dtype (a new size needs a resize, which
+    NumPy refuses on a weakly referenced array); a tensor's storage (``set_``, ``resize_``).
+    """
+    send_ref, recv_ref, algorithm, options = slot.send_ref, slot.recv_ref, slot.algorithm, \
+        slot.options
+    binding = slot.binding
+    call = bound_call(slot.session, run, binding, finish, answer)
+    send, send_memory = _layout(sendbuf)
+    recv, recv_memory = _layout(recvbuf)
+
+    def repeat(collective_, sendbuf, recvbuf, op_, comm_, algorithm_, root_, options_):
+        if (recv_ref() is not recvbuf or send_ref() is not sendbuf or op_ is not op
+                or algorithm_ is not algorithm or comm_ is not comm
+                or collective_ is not collective or root_ != root or options_ != options
+                or (binding is not None and not binding.live)
+                or (send is not None and sendbuf.dtype is not send)
+                or (recv is not None and recvbuf.dtype is not recv)
+                or (send_memory is not None
+                    and (sendbuf.data_ptr(), sendbuf.numel()) != send_memory)
+                or (recv_memory is not None
+                    and (recvbuf.data_ptr(), recvbuf.numel()) != recv_memory)):
+            return MISS
+        return call()
     return repeat
 
 

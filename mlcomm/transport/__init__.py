@@ -18,16 +18,20 @@ persistent point-to-point requests.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 __all__ = ["Transport", "FAULT", "compile_calls"]
 
 #: what ``test`` and ``start`` return when a transfer went wrong
 FAULT = -1
 
 
+@lru_cache(maxsize=None)
 def compile_calls(define):
     """The addresses of a transport's C ``start`` and ``test``: ``define(compile)`` returns
     the two, each a Python function of ``(context, first, n)`` decorated with ``compile``
-    (a Numba ``cfunc`` returning int64, cached on disk). None without Numba."""
+    (a Numba ``cfunc`` returning int64, cached on disk). None without Numba. Compiled once
+    per process for each ``define``."""
     try:
         from numba import cfunc, types
     except ImportError:  # pragma: no cover - numba is a dependency

@@ -66,13 +66,8 @@ _EXPECT = 16  # then one word per transfer: the bytes a receive expects; -(bytes
 _SIZE_MISMATCH, _MPI_ERROR = 1, 2
 
 
-@lru_cache(maxsize=None)
-def _compiled_calls():
-    """``(start, test)`` as C functions of ``(context, first, n)``; None without Numba."""
-    return compile_calls(_define)
-
-
 def _define(compile):
+    """``(start, test)`` of this transport, as :func:`compile_calls` compiles them."""
     from numba import carray
 
     from ..cabi import ccall2, ccall3, ccall4, i64_array_at
@@ -141,7 +136,7 @@ class PointToPoint(Transport):
 
     def _context(self, widest):
         """The int64 context the compiled start/test read (None when they are unavailable)."""
-        calls = _compiled_calls()
+        calls = compile_calls(_define)
         if calls is None:
             return None
         from ..libmpi import MPILibraryError, symbol

@@ -94,13 +94,8 @@ def probe(node) -> tuple:
     return [pid for pid, _ in everyone], next((e for e in errors if e), None)
 
 
-@lru_cache(maxsize=None)
-def _compiled_calls():
-    """``(start, test)`` as C functions of ``(context, first, n)``; None without Numba."""
-    return compile_calls(_define)
-
-
 def _define(compile):
+    """``(start, test)`` of this transport, as :func:`compile_calls` compiles them."""
     from numba import carray
 
     from ..cabi import call0, call6, i64_array_at, load_acquire
@@ -145,7 +140,7 @@ class PeerReads(Transport):
                 f.offset, addresses[f.buffer] + f.at, f.nbytes)
         self._ctx = ctx
         self._published = [window.address_array(j) for j in range(len(window.flags))]
-        calls = _compiled_calls()
+        calls = compile_calls(_define)
         self.compiled = None if calls is None else (ctx.__array_interface__["data"][0], *calls)
 
     def start(self, first, n):

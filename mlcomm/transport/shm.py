@@ -21,8 +21,6 @@ No MPI message is sent; a waiting loop polls and yields the CPU as for messages.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 from mpi4py import MPI
 
@@ -104,13 +102,8 @@ class NodeWindow:
         self.win = None
 
 
-@lru_cache(maxsize=None)
-def _compiled_calls():
-    """``(start, test)`` as C functions of ``(context, first, n)``; None without Numba."""
-    return compile_calls(_define)
-
-
 def _define(compile):
+    """``(start, test)`` of this transport, as :func:`compile_calls` compiles them."""
     from numba import carray
 
     from ..cabi import i64_array_at, load_acquire, store_release
@@ -163,7 +156,7 @@ class NodeSync(Transport):
         self._flags = [window.flag_array(j) for j in range(nlocal)]
         self._published = window.address_array(local)
         self._me = local
-        calls = _compiled_calls()
+        calls = compile_calls(_define)
         self.compiled = None if calls is None else (ctx.__array_interface__["data"][0], *calls)
 
     def start(self, first, n):
