@@ -30,12 +30,10 @@ FAULT = -1
 def compile_calls(define):
     """The addresses of a transport's C ``start`` and ``test``: ``define(compile)`` returns
     the two, each a Python function of ``(context, first, n)`` decorated with ``compile``
-    (a Numba ``cfunc`` returning int64, cached on disk). None without Numba. Compiled once
-    per process for each ``define``."""
-    try:
-        from numba import cfunc, types
-    except ImportError:  # pragma: no cover - numba is a dependency
-        return None
+    (a Numba ``cfunc`` returning int64, cached on disk). Compiled once per process for
+    each ``define``; the functions must reference only module globals, never a closure
+    cell, or Numba's disk cache keys every process anew (it hashes the cells' pickles)."""
+    from numba import cfunc, types
     compile = cfunc(types.int64(types.int64, types.int64, types.int64), cache=True,
                     nopython=True)
     start, test = define(compile)

@@ -15,7 +15,9 @@ from functools import lru_cache
 import numpy as np
 from mpi4py import MPI
 from mpi4py.util.dtlib import from_numpy_dtype
+from numba import carray
 
+from ..cabi import ccall2, ccall3, ccall4, i64_array_at
 from ..kernels import OP_TABLE, OPS, normalize_op
 from . import FAULT, Transport, compile_calls
 
@@ -68,10 +70,6 @@ _SIZE_MISMATCH, _MPI_ERROR = 1, 2
 
 def _define(compile):
     """``(start, test)`` of this transport, as :func:`compile_calls` compiles them."""
-    from numba import carray
-
-    from ..cabi import ccall2, ccall3, ccall4, i64_array_at
-
     @compile
     def start(context, first, n):
         ctx = carray(i64_array_at(context), _EXPECT + first + n)
@@ -136,9 +134,6 @@ class PointToPoint(Transport):
 
     def _context(self, widest):
         """The int64 context the compiled start/test read (None when they are unavailable)."""
-        calls = compile_calls(_define)
-        if calls is None:
-            return None
         from ..libmpi import MPILibraryError, symbol
         try:
             fns = [symbol(f"MPI_{n}") for n in ("Startall", "Testall", "Get_count")]
@@ -156,7 +151,7 @@ class PointToPoint(Transport):
         ctx[_SENT] = _address(self.sent)
         ctx[_EXPECT:] = [t.nbytes if t.recv else -t.nbytes - 1 for t in self.transfers]
         self._ctx = ctx
-        return (_address(ctx), *calls)
+        return (_address(ctx), *compile_calls(_define))
 
     def _slice(self, first, n):
         reqs = self._ranges.get(first)

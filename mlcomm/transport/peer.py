@@ -22,7 +22,9 @@ import os
 from functools import lru_cache
 
 import numpy as np
+from numba import carray
 
+from ..cabi import call0, call6, i64_array_at, load_acquire
 from . import FAULT, Transport, compile_calls
 
 __all__ = ["probe", "PeerReads"]
@@ -96,10 +98,6 @@ def probe(node) -> tuple:
 
 def _define(compile):
     """``(start, test)`` of this transport, as :func:`compile_calls` compiles them."""
-    from numba import carray
-
-    from ..cabi import call0, call6, i64_array_at, load_acquire
-
     @compile
     def start(context, first, n):
         ctx = carray(i64_array_at(context), _HEAD + _WORDS * (first + n))
@@ -140,8 +138,7 @@ class PeerReads(Transport):
                 f.offset, addresses[f.buffer] + f.at, f.nbytes)
         self._ctx = ctx
         self._published = [window.address_array(j) for j in range(len(window.flags))]
-        calls = compile_calls(_define)
-        self.compiled = None if calls is None else (ctx.__array_interface__["data"][0], *calls)
+        self.compiled = (ctx.__array_interface__["data"][0], *compile_calls(_define))
 
     def start(self, first, n):
         for i in range(first, first + n):

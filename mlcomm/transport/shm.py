@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 from mpi4py import MPI
+from numba import carray
 
+from ..cabi import i64_array_at, load_acquire, store_release
 from . import Transport, compile_calls
 
 __all__ = ["NodeWindow", "NodeSync", "WindowError", "CONTROL_BYTES", "ADDRESSES"]
@@ -104,10 +106,6 @@ class NodeWindow:
 
 def _define(compile):
     """``(start, test)`` of this transport, as :func:`compile_calls` compiles them."""
-    from numba import carray
-
-    from ..cabi import i64_array_at, load_acquire, store_release
-
     @compile
     def start(context, first, n):
         head = carray(i64_array_at(context), _FLAGS)
@@ -156,8 +154,7 @@ class NodeSync(Transport):
         self._flags = [window.flag_array(j) for j in range(nlocal)]
         self._published = window.address_array(local)
         self._me = local
-        calls = compile_calls(_define)
-        self.compiled = None if calls is None else (ctx.__array_interface__["data"][0], *calls)
+        self.compiled = (ctx.__array_interface__["data"][0], *compile_calls(_define))
 
     def start(self, first, n):
         mine = self._flags[self._me]
