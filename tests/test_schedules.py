@@ -225,3 +225,19 @@ def test_the_local_executor_finds_single_copy_races():
     # a peer's buffers read before its first post has published their addresses
     with pytest.raises(ScheduleError, match="before awaiting a post"):
         check_collective(without(lambda i, t: isinstance(t, Await) and t.count == 1))
+
+
+def test_the_local_executor_finds_a_race_in_the_single_copy_pipeline(monkeypatch):
+    """Parts read in chunks: each chunk of a peer's output is read only after the peer's
+    post for that chunk."""
+    import mlcomm.algorithms.shared_memory as shm
+    from mlcomm.schedule import Await
+    monkeypatch.setattr(shm, "READ_CHUNK_BYTES", 16)  # parts of 10 doubles in 5 chunks
+    schedules = build_schedules("shared_memory", 3, 30, single_copy=True, single_copy_bytes=8)
+    check_collective(schedules)
+    for s in schedules:  # drop the awaits of the third chunk's post (data 1, chunks 2..6)
+        s.steps = [type(st)([t for t in st.transfers
+                             if not (isinstance(t, Await) and t.count == 4)], st.ops)
+                   for st in s.steps]
+    with pytest.raises(ScheduleError, match="output before an await"):
+        check_collective(schedules)

@@ -135,39 +135,52 @@ def exchange(tl, sync, half, starts, write, read, t=0, reads=None):
     return t
 
 
+def _read_chunks(lo, hi, itemsize):
+    """``[(first element, count), ...]``: a part read :data:`READ_CHUNK_BYTES` at a time."""
+    chunk = max(1, min(hi - lo, READ_CHUNK_BYTES // itemsize))
+    return [(a, min(chunk, hi - a)) for a in range(lo, hi, chunk)]
+
+
 def by_reads(tl, sync, node, rank, count, itemsize):
     """Reduce-scatter by reading this rank's part of every peer's input,
     :data:`READ_CHUNK_BYTES` at a time into scratch, in local order; all-gather by reading
-    every other part from its owner's output; then a barrier, after which no peer reads
-    this rank's buffers."""
+    every other part from its owner's output a chunk behind, while the owner's cache still
+    holds it (each reduced chunk is posted); then a barrier, after which no peer reads this
+    rank's buffers. In place, each chunk of a peer's part is overwritten here only after its
+    owner, its only reader, has posted it."""
     parts = chunk_bounds(count, len(node))
     local = node.index(rank)
-    lo, hi = parts[local], parts[local + 1]
-    chunk = max(1, min(hi - lo, READ_CHUNK_BYTES // itemsize))
+    chunks = [_read_chunks(parts[j], parts[j + 1], itemsize) for j in range(len(node))]
+    mine, rounds = chunks[local], max(map(len, chunks))
+    width = max([n for _, n in mine], default=0)
     data = sync.post(1)  # this rank's buffers' addresses
     for q in node:
         sync.wait(2, q, data)
-    for a in range(lo, hi, chunk):
-        n = min(chunk, hi - a)
-        # partial results in the first scratch chunk, the last straight into the output
-        # (in place, this rank's input is read before the output is written)
-        total, fetched = Region(SCRATCH, 0, n), Region(SCRATCH, chunk, n)
-        for k, q in enumerate(node):
-            operand = Region(INPUT, a, n) if q == rank else (total if k == 0 else fetched)
-            if q != rank:
-                tl.copy(2, operand, Region(peer(INPUT, q), a, n))
-            if k:
-                dst = Region(OUTPUT, a, n) if k == len(node) - 1 else total
-                tl.reduce(2, dst, operand, left=first if k == 1 else total)
-            first = operand
-    tl.need_scratch(2 * chunk)
-    done = sync.post(3)
-    for j, q in enumerate(node):
-        if q != rank:
-            sync.wait(3, q, done)
-            at, n = parts[j], parts[j + 1] - parts[j]
-            tl.copy(3, Region(OUTPUT, at, n), Region(peer(OUTPUT, q), at, n))
-    sync.barrier(4)
+    for c in range(rounds + 1):
+        if c < len(mine):
+            a, n = mine[c]
+            # partial results in the first scratch chunk, the last straight into the output
+            # (in place, this rank's input is read before the output is written)
+            total, fetched = Region(SCRATCH, 0, n), Region(SCRATCH, width, n)
+            for k, q in enumerate(node):
+                operand = Region(INPUT, a, n) if q == rank else (total if k == 0 else fetched)
+                if q != rank:
+                    tl.copy(2 + 2 * c, operand, Region(peer(INPUT, q), a, n))
+                if k:
+                    dst = Region(OUTPUT, a, n) if k == len(node) - 1 else total
+                    tl.reduce(2 + 2 * c, dst, operand, left=first if k == 1 else total)
+                first = operand
+        t = 3 + 2 * c
+        if c < rounds:
+            sync.post(t)  # round c's post, data + 1 + c: every rank posts every round
+        if c:
+            for j, q in enumerate(node):
+                if q != rank and c - 1 < len(chunks[j]):
+                    sync.wait(t, q, data + c)
+                    a, n = chunks[j][c - 1]
+                    tl.copy(t, Region(OUTPUT, a, n), Region(peer(OUTPUT, q), a, n))
+    tl.need_scratch(2 * width)
+    sync.barrier(4 + 2 * rounds)
 
 
 def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES,
