@@ -8,11 +8,12 @@ and all-gathered (every rank copies every part from its owner's result area), tw
 barriers a chunk, the next chunk's copy into the other half of the slot overlapping this
 chunk's gather. Where the node allows single-copy reads of a peer's memory
 (:mod:`mlcomm.transport.peer`), vectors of at least ``single_copy_bytes`` skip the window:
-local rank j reads part j of every peer's input (a scratch chunk at a time) and reduces it,
-then reads every other part from its owner's output, and a last barrier keeps every rank
-in the call until its peers have finished reading its buffers. A barrier is a post of this rank's node flag and an await of every other
-rank's; a last post says this rank has finished reading the window, which the next
-collective's first awaits check before it writes its slot again.
+local rank j reads part j of every peer's input (a scratch chunk at a time), reduces it and
+posts each reduced chunk, and reads every other part from its owner's output a chunk behind;
+a last barrier keeps every rank in the call until its peers have finished reading its
+buffers. A barrier is a post of this rank's node flag and an await of every other rank's;
+a last post says this rank has finished reading the window, which the next collective's
+first awaits check before it writes its slot again.
 """
 
 from __future__ import annotations
