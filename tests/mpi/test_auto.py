@@ -113,3 +113,21 @@ def test_shared_memory_is_timed_through_its_window_too_where_it_would_read(fresh
     kept, plans = select.distinct_plans(s, trial, (1 << 20) // 4, f32, "sum")
     agree((window[0] in kept) == s.window().single_copy, f"{kept} {s.window().single_copy}")
     agree(not plans["shared_memory", window[0][1]].program.fetches, "the window variant reads")
+
+
+def test_shared_memory_gives_the_same_bits_by_reads_and_through_its_window(fresh):
+    """The two ways the trial times reduce every element in local-rank order, so a band may
+    take either without changing a result (where the node refuses reads, both are the
+    window)."""
+    comm, s = fresh
+    if len(s.nodes) > 1:
+        return
+    x = np.random.default_rng(RANK).standard_normal(300_001).astype(np.float32)
+    reads = mlcomm.allreduce(x, comm=comm, algorithm="shared_memory", single_copy_bytes=4096)
+    window = mlcomm.allreduce(x, comm=comm, algorithm="shared_memory",
+                              **dict(select.WINDOW_ONLY))
+    agree(np.array_equal(reads.view(np.uint32), window.view(np.uint32)),
+          "reads and window differ in bits")
+    ref = np.empty_like(x)
+    comm.Allreduce(x, ref)
+    agree(np.allclose(reads, ref, rtol=1e-5, atol=1e-4 * P), "differs from MPI_Allreduce")
