@@ -39,8 +39,8 @@ from .binding import Binding, buffer_key, settings_from_env
 from .plan import make_plan, plan_key
 from .progress import Progress
 
-__all__ = ["Session", "get", "Slot", "MISS", "bound_call", "SLOTS", "slot_key", "remembers", "CACHE_BYTES",
-           "cache_bytes", "cached_bytes"]
+__all__ = ["Session", "get", "Slot", "MISS", "bound_call", "SLOTS", "slot_key", "remembers",
+           "CACHE_BYTES", "cache_bytes", "cached_bytes"]
 
 log = logging.getLogger("mlcomm")
 

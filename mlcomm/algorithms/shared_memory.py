@@ -163,6 +163,7 @@ def by_reads(tl, sync, node, rank, count, itemsize):
             # partial results in the first scratch chunk, the last straight into the output
             # (in place, this rank's input is read before the output is written)
             total, fetched = Region(SCRATCH, 0, n), Region(SCRATCH, width, n)
+            first = None
             for k, q in enumerate(node):
                 operand = Region(INPUT, a, n) if q == rank else (total if k == 0 else fetched)
                 if q != rank:

@@ -4,7 +4,6 @@ fails every rank."""
 
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 import mlcomm
 from mlcomm import select, session
