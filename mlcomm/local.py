@@ -17,7 +17,9 @@ input or output (``input@R``, ``output@R``) are checked alike: what they read mu
 peer's input untouched or its output written and made visible, after an await of one of
 the peer's posts in the collective (which publishes its buffers' addresses), the peer must not overwrite
 what a reader may still be reading, nor finish its collective before an await has shown
-it every read of its buffers.
+it every read of its buffers. Writes into a node peer's output (a copy to ``output@R``)
+too: after such an await, never over what another rank may still be reading or what the
+peer itself writes, and seen by an await before the peer reads them or finishes.
 """
 
 from __future__ import annotations
@@ -68,15 +70,16 @@ class _Rank:
         self.ranks = None  # every rank, for reads of a peer's buffers
         self.out_step = np.full(schedule.output_count, -1)  # the step of each output write
         self.read_by = {q: [] for q in range(p)}  # peers' reads of this rank's buffers
+        self.written_by = []  # peers' writes of this rank's output: (writer, lo, hi, step)
+        self.own_reads = []  # this rank's reads of its output (or input in place): lo, hi, step
 
-    def _peer_read(self, region, q, name):
-        """Rank ``q``'s ``name`` buffer, read by this rank at ``region``."""
-        me = self.schedule.rank
-        if q == me or q not in self.schedule.node:
-            raise ScheduleError(f"{self.where(region)}: reads rank {q}'s buffers, not a peer "
-                                f"of its node {self.schedule.node}")
+    def _peer(self, region, q, name, verb):
+        """Rank ``q`` and its ``name`` buffer, which this rank ``verb``s at ``region``."""
+        if q == self.schedule.rank or q not in self.schedule.node:
+            raise ScheduleError(f"{self.where(region)}: {verb}s rank {q}'s buffers, not a "
+                                f"peer of its node {self.schedule.node}")
         if self.clock[q] < 0:
-            raise ScheduleError(f"{self.where(region)}: reads rank {q}'s buffers before "
+            raise ScheduleError(f"{self.where(region)}: {verb}s rank {q}'s buffers before "
                                 f"awaiting a post of rank {q} in this collective (which "
                                 f"publishes their addresses)")
         other = self.ranks[q]
@@ -84,6 +87,47 @@ class _Rank:
         if region.offset < 0 or region.stop > len(buf):
             raise ScheduleError(f"{self.where(region)}: outside rank {q}'s {name} of "
                                 f"{len(buf)} elements")
+        return other, buf
+
+    def _written_by_peers(self, reader, buffer, lo, hi):
+        """A peer's write of this rank's output at ``[lo, hi)`` that rank ``reader`` reads
+        there (through ``buffer``) without an await having shown it: an error."""
+        if self.alias[buffer] != OUTPUT:
+            return
+        for w, a, b, step in self.written_by:
+            if a < hi and lo < b and w != reader.schedule.rank and (
+                    buffer == INPUT or reader.clock[w] < step):
+                raise ScheduleError(
+                    f"rank {reader.schedule.rank} step {reader.step}: reads rank "
+                    f"{self.schedule.rank}'s {buffer}[{lo}:{hi}], which rank {w} "
+                    + ("overwrote (in place)" if buffer == INPUT else
+                       "wrote, before an await has made the write visible"))
+
+    def _peer_write(self, region, q, name):
+        """Rank ``q``'s output, written by this rank at ``region``."""
+        if name != OUTPUT:
+            raise ScheduleError(f"{self.where(region)}: writes rank {q}'s read-only {name}")
+        other, buf = self._peer(region, q, name, "write")
+        me, lo, hi = self.schedule.rank, region.offset, region.stop
+        for x, reads in other.read_by.items():
+            if x != me and any(b == OUTPUT and r > self.clock[x] and lo < b_hi and b_lo < hi
+                               for b, b_lo, b_hi, r in reads):
+                raise ScheduleError(f"{self.where(region)}: overwrites rank {q}'s elements "
+                                    f"rank {x} may still be reading")
+        if any(a < hi and lo < b and step > self.clock[q] for a, b, step in other.own_reads):
+            raise ScheduleError(f"{self.where(region)}: overwrites rank {q}'s output elements "
+                                f"rank {q} may still be reading")
+        if (other.out_step[lo:hi] > self.clock[q]).any() or any(
+                w != me and a < hi and lo < b for w, a, b, _ in other.written_by):
+            raise ScheduleError(f"{self.where(region)}: writes rank {q}'s output elements "
+                                f"that another rank writes too")
+        return buf[lo:hi]
+
+    def _peer_read(self, region, q, name):
+        """Rank ``q``'s ``name`` buffer, read by this rank at ``region``."""
+        me = self.schedule.rank
+        other, buf = self._peer(region, q, name, "read")
+        other._written_by_peers(self, name, region.offset, region.stop)
         if other.alias[name] == OUTPUT:
             when = other.out_step[region.offset:region.stop]
             if name == OUTPUT and (when < 0).any():
@@ -117,6 +161,9 @@ class _Rank:
         return slot
 
     def view(self, region, writing=False):
+        found = peer_of(region.buffer)
+        if found is not None:
+            return self._peer_write(region, *found)
         if slot_owner(region.buffer) is not None:
             return self._slot(region, writing).data[region.offset:region.stop]
         buf = self.bufs[region.buffer]
@@ -145,12 +192,22 @@ class _Rank:
             slot.reads[me].append((region.offset, region.stop, self.step))
             self.last_window_read = self.step
             return view
+        self._written_by_peers(self, region.buffer, region.offset, region.stop)
+        if self.alias[region.buffer] == OUTPUT:
+            self.own_reads.append((region.offset, region.stop, self.step))
         mask = self.written[self.alias[region.buffer]] if region.buffer != INPUT else None
         if mask is not None and not mask[region.offset:region.stop].all():
             raise ScheduleError(f"{self.where(region)}: reads elements never written")
         return view
 
     def mark(self, region):
+        found = peer_of(region.buffer)
+        if found is not None:
+            other = self.ranks[found[0]]
+            other.written_by.append((self.schedule.rank, region.offset, region.stop, self.step))
+            if other.written[OUTPUT] is not None:
+                other.written[OUTPUT][region.offset:region.stop] = True
+            return
         owner = slot_owner(region.buffer)
         if owner is not None:
             slot, me = self.slots[owner], self.schedule.rank
@@ -168,6 +225,9 @@ class _Rank:
             slot.written[region.offset:region.stop] = self.step
             return
         if self.alias[region.buffer] == OUTPUT:
+            if any(a < region.stop and region.offset < b for _, a, b, _ in self.written_by):
+                raise ScheduleError(f"{self.where(region)}: writes output elements a peer "
+                                    f"writes too")
             for q, reads in self.read_by.items():
                 pending = [r for r in reads if r[3] > self.clock[q]]
                 self.read_by[q] = pending
@@ -332,6 +392,11 @@ def run_local(schedules, inputs, reduce=np.add, in_place=False):
             if any(r[3] > k.clock[q] for r in reads):
                 raise ScheduleError(f"rank {k.schedule.rank} ends its collective while rank "
                                     f"{q} may still be reading its buffers")
+        for w, lo, hi, step in k.written_by:
+            if step > k.clock[w]:
+                raise ScheduleError(f"rank {k.schedule.rank} ends its collective before an "
+                                    f"await has shown it rank {w}'s write of its "
+                                    f"output[{lo}:{hi}]")
         if k.last_window_read >= 0 and k.last_window_read >= getattr(k, "last_post", -1):
             raise ScheduleError(f"rank {k.schedule.rank} reads the window at step "
                                 f"{k.last_window_read} after its last post: the next "

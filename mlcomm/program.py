@@ -19,8 +19,9 @@ Buffers are :data:`INPUT` (read only), :data:`OUTPUT`, :data:`SCRATCH`, and from
 its own loop, so no loop reads and writes one array through two names. Transport
 :data:`MPI_P2P` moves messages (:class:`Transfer`); transport :data:`NODE` posts and awaits
 the node's window flags (:class:`Sync`); transport :data:`PEER` copies from another rank's
-input or output (:class:`Fetch`, a schedule's ``Copy`` from ``input@R`` or ``output@R``),
-a START doing the copies and its WAIT completing at once.
+input or output or into its output (:class:`Fetch`, a schedule's ``Copy`` from ``input@R``
+or ``output@R``, or to ``output@R``), a START doing the copies and its WAIT completing at
+once.
 
 A transfer's START may move before the previous step's local ops when it touches nothing
 they write or read (:func:`_early_starts`): the ops then overlap the transfer. The layout's
@@ -75,7 +76,8 @@ class Transfer(NamedTuple):
 
 class Fetch(NamedTuple):
     """One single-copy read: ``nbytes`` from local rank ``peer``'s ``source`` (:data:`INPUT`
-    or :data:`OUTPUT`) at byte ``offset``, into this rank's ``buffer`` at ``at``."""
+    or :data:`OUTPUT`) at byte ``offset``, into this rank's ``buffer`` at ``at``; with
+    ``write``, the other way: from this rank's ``buffer`` into the peer's ``source``."""
 
     peer: int
     source: int
@@ -83,6 +85,7 @@ class Fetch(NamedTuple):
     buffer: int
     at: int
     nbytes: int
+    write: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -186,11 +189,17 @@ def lower(schedule: Schedule, itemsize: int, alias: int | None = None) -> Progra
             d = op.dst
             nbytes = d.count * itemsize
             found = peer_of(op.src.buffer)
-            if found is not None:
-                if not isinstance(op, Copy):
-                    raise ValueError(f"{op}: only a copy may read another rank's buffer")
-                reads.append(Fetch(node[found[0]], BUFFER_IDS[found[1]],
-                                   op.src.offset * itemsize, *ref(d), nbytes))
+            target = peer_of(d.buffer)
+            if found is not None or target is not None:
+                if not isinstance(op, Copy) or found is not None and target is not None:
+                    raise ValueError(f"{op}: only a copy may read or write another rank's "
+                                     f"buffer, from or to one of this rank's own")
+                if found is not None:
+                    reads.append(Fetch(node[found[0]], BUFFER_IDS[found[1]],
+                                       op.src.offset * itemsize, *ref(d), nbytes))
+                else:
+                    reads.append(Fetch(node[target[0]], BUFFER_IDS[target[1]],
+                                       d.offset * itemsize, *ref(op.src), nbytes, True))
                 continue
             start_reads()
             if isinstance(op, Copy):

@@ -206,38 +206,91 @@ def test_shared_memory_single_copy_exact(p, monkeypatch):
 
 
 def test_the_local_executor_finds_single_copy_races():
+    """Reads of the peers' inputs and writes into their outputs are ordered by the post
+    that publishes the addresses (1) and by the last barrier (2)."""
     from mlcomm.schedule import Await
 
-    def without(drop):
+    def without(count):
         schedules = build_schedules("shared_memory", 3, 30, single_copy=True,
                                     single_copy_bytes=8)
         for s in schedules:
-            s.steps = [type(st)([t for t in st.transfers if not drop(i, t)], st.ops)
-                       for i, st in enumerate(s.steps)]
+            s.steps = [type(st)([t for t in st.transfers
+                                 if not (isinstance(t, Await) and t.count == count)], st.ops)
+                       for st in s.steps]
         return schedules
 
-    # the all-gather reads a peer's output before its post says the part is reduced
-    with pytest.raises(ScheduleError, match="output before an await"):
-        check_collective(without(lambda i, t: isinstance(t, Await) and t.count == 2))
-    # no last barrier: a rank ends while its peers may still read its buffers
-    with pytest.raises(ScheduleError, match="may still be reading its buffers"):
-        check_collective(without(lambda i, t: isinstance(t, Await) and t.count == 3))
+    check_collective(without(-1))
     # a peer's buffers read before its first post has published their addresses
     with pytest.raises(ScheduleError, match="before awaiting a post"):
-        check_collective(without(lambda i, t: isinstance(t, Await) and t.count == 1))
+        check_collective(without(1))
+    # no last barrier: a rank ends while its peers may still read its buffers
+    with pytest.raises(ScheduleError, match="may still be reading its buffers"):
+        check_collective(without(2))
 
 
-def test_the_local_executor_finds_a_race_in_the_single_copy_pipeline(monkeypatch):
-    """Parts read in chunks: each chunk of a peer's output is read only after the peer's
-    post for that chunk."""
+def test_the_local_executor_finds_a_peer_write_the_last_barrier_does_not_cover(monkeypatch):
+    """Parts reduced in chunks, each written into every peer's output: writes made after the
+    last barrier's post are not seen by the peers before they return."""
     import mlcomm.algorithms.shared_memory as shm
-    from mlcomm.schedule import Await
+    from mlcomm.schedule import peer_of
     monkeypatch.setattr(shm, "READ_CHUNK_BYTES", 16)  # parts of 10 doubles in 5 chunks
     schedules = build_schedules("shared_memory", 3, 30, single_copy=True, single_copy_bytes=8)
     check_collective(schedules)
-    for s in schedules:  # drop the awaits of the third chunk's post (data 1, chunks 2..6)
-        s.steps = [type(st)([t for t in st.transfers
-                             if not (isinstance(t, Await) and t.count == 4)], st.ops)
-                   for st in s.steps]
-    with pytest.raises(ScheduleError, match="output before an await"):
+    for s in schedules:  # the last chunk's writes move into the barrier's step
+        last = max(i for i, st in enumerate(s.steps)
+                   if any(peer_of(op.dst.buffer) for op in st.ops))
+        writes = [op for op in s.steps[last].ops if peer_of(op.dst.buffer)]
+        s.steps[last] = type(s.steps[last])(
+            s.steps[last].transfers, [op for op in s.steps[last].ops if op not in writes])
+        s.steps[-1] = type(s.steps[-1])(s.steps[-1].transfers, [*s.steps[-1].ops, *writes])
+    with pytest.raises(ScheduleError, match="before an await has shown it rank"):
         check_collective(schedules)
+
+
+
+def _peer_write_schedules(case, in_place=False):
+    """Two ranks of one node publish their addresses (post 1), await each other's and end
+    with a barrier (post 2); rank 0 writes the first half of rank 1's output, rank 1 the
+    rest; ``case`` adds one mistake."""
+    import numpy as np
+    from mlcomm.local import run_local
+    from mlcomm.schedule import INPUT, OUTPUT, SCRATCH, Region, Timeline, peer
+    schedules = []
+    for r in range(2):
+        tl = Timeline(r, 2)
+        tl.node = (0, 1)
+        tl.wait(0, 1 - r, 0)
+        tl.post(1, 1)
+        tl.wait(2, 1 - r, 1)
+        tl.copy(2, Region(OUTPUT, 2, 2), Region(INPUT, 2, 2))
+        if r == 0:
+            tl.copy(2, Region(OUTPUT, 0, 2), Region(INPUT, 0, 2))
+            tl.copy(5 if case == "after the barrier" else 3,
+                    Region(peer(INPUT if case == "input" else OUTPUT, 1), 0, 2),
+                    Region(OUTPUT, 0, 2))
+        elif case == "both write":
+            tl.copy(3, Region(OUTPUT, 1, 1), Region(SCRATCH, 0, 1))
+            tl.copy(2, Region(SCRATCH, 0, 1), Region(INPUT, 1, 1))
+        elif case == "read unseen":
+            tl.copy(3, Region(SCRATCH, 0, 2), Region(OUTPUT, 0, 2))
+        elif case == "in place":
+            tl.copy(5, Region(SCRATCH, 0, 2), Region(INPUT, 0, 2))
+        tl.post(4, 2)
+        tl.wait(4, 1 - r, 2)
+        tl.need_scratch(2)
+        schedules.append(tl.schedule(4, 4))
+    return run_local(schedules, [np.arange(4.0) + 10 * r for r in range(2)], in_place=in_place)
+
+
+@pytest.mark.parametrize("case, match", [
+    ("input", "writes rank 1's read-only input"),
+    ("both write", "writes too"),
+    ("read unseen", "which rank 0 wrote, before an await has made the write visible"),
+    ("in place", "which rank 0 overwrote \\(in place\\)"),
+    ("after the barrier", "before an await has shown it rank 0's write"),
+])
+def test_the_local_executor_checks_writes_into_a_peers_output(case, match):
+    outputs, unwritten = _peer_write_schedules("none")
+    assert outputs[1].tolist() == [0.0, 1.0, 12.0, 13.0] and unwritten == [0, 0]
+    with pytest.raises(ScheduleError, match=match):
+        _peer_write_schedules(case, in_place=case == "in place")

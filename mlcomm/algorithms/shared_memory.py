@@ -9,9 +9,8 @@ barriers a chunk, the next chunk's copy into the other half of the slot overlapp
 chunk's gather. Where the node allows single-copy reads of a peer's memory
 (:mod:`mlcomm.transport.peer`), vectors of at least ``single_copy_bytes`` skip the window:
 local rank j reads part j of every peer's input (a scratch chunk at a time), reduces it and
-posts each reduced chunk, and reads every other part from its owner's output a chunk behind;
-a last barrier keeps every rank in the call until its peers have finished reading its
-buffers. A barrier is a post of this rank's node flag and an await of every other rank's;
+writes each reduced chunk into every peer's output; a last barrier keeps every rank in the
+call until its peers have finished with its buffers. A barrier is a post of this rank's node flag and an await of every other rank's;
 a last post says this rank has finished reading the window, which the next collective's
 first awaits check before it writes its slot again.
 """
@@ -144,45 +143,38 @@ def _read_chunks(lo, hi, itemsize):
 
 def by_reads(tl, sync, node, rank, count, itemsize):
     """Reduce-scatter by reading this rank's part of every peer's input,
-    :data:`READ_CHUNK_BYTES` at a time into scratch, in local order; all-gather by reading
-    every other part from its owner's output a chunk behind, while the owner's cache still
-    holds it (each reduced chunk is posted); then a barrier, after which no peer reads this
-    rank's buffers. In place, each chunk of a peer's part is overwritten here only after its
-    owner, its only reader, has posted it."""
+    :data:`READ_CHUNK_BYTES` at a time into scratch, in local order; all-gather by writing
+    each reduced chunk into every peer's output at once, while this rank's cache holds it;
+    then a barrier, after which every output is whole and no peer touches this rank's
+    buffers. In place, a peer's part is overwritten only by this rank, its only reader,
+    after reading it."""
     parts = chunk_bounds(count, len(node))
     local = node.index(rank)
-    chunks = [_read_chunks(parts[j], parts[j + 1], itemsize) for j in range(len(node))]
-    mine, rounds = chunks[local], max(map(len, chunks))
+    mine = _read_chunks(parts[local], parts[local + 1], itemsize)
     width = max([n for _, n in mine], default=0)
     data = sync.post(1)  # this rank's buffers' addresses
     for q in node:
         sync.wait(2, q, data)
-    for c in range(rounds + 1):
-        if c < len(mine):
-            a, n = mine[c]
-            # partial results in the first scratch chunk, the last straight into the output
-            # (in place, this rank's input is read before the output is written)
-            total, fetched = Region(SCRATCH, 0, n), Region(SCRATCH, width, n)
-            first = None
-            for k, q in enumerate(node):
-                operand = Region(INPUT, a, n) if q == rank else (total if k == 0 else fetched)
-                if q != rank:
-                    tl.copy(2 + 2 * c, operand, Region(peer(INPUT, q), a, n))
-                if k:
-                    dst = Region(OUTPUT, a, n) if k == len(node) - 1 else total
-                    tl.reduce(2 + 2 * c, dst, operand, left=first if k == 1 else total)
-                first = operand
-        t = 3 + 2 * c
-        if c < rounds:
-            sync.post(t)  # round c's post, data + 1 + c: every rank posts every round
-        if c:
-            for j, q in enumerate(node):
-                if q != rank and c - 1 < len(chunks[j]):
-                    sync.wait(t, q, data + c)
-                    a, n = chunks[j][c - 1]
-                    tl.copy(t, Region(OUTPUT, a, n), Region(peer(OUTPUT, q), a, n))
+    for c, (a, n) in enumerate(mine):
+        t = 2 + c
+        # partial results in the first scratch chunk, the last straight into the output
+        # (in place, this rank's input is read before the output is written)
+        total, fetched = Region(SCRATCH, 0, n), Region(SCRATCH, width, n)
+        first = None
+        for k, q in enumerate(node):
+            operand = Region(INPUT, a, n) if q == rank else (total if k == 0 else fetched)
+            if q != rank:
+                tl.copy(t, operand, Region(peer(INPUT, q), a, n))
+            if k:
+                dst = Region(OUTPUT, a, n) if k == len(node) - 1 else total
+                tl.reduce(t, dst, operand, left=first if k == 1 else total)
+            first = operand
+        for q in node:
+            if q != rank:
+                tl.copy(t, Region(peer(OUTPUT, q), a, n), Region(OUTPUT, a, n))
     tl.need_scratch(2 * width)
-    sync.barrier(4 + 2 * rounds)
+    sync.barrier(2 + max(len(_read_chunks(parts[j], parts[j + 1], itemsize))
+                         for j in range(len(node))))
 
 
 def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES,
@@ -290,7 +282,7 @@ def cost(p, nbytes, alpha, beta, gamma, nodes=None, slot_bytes=DEFAULT_SLOT_BYTE
         return nbytes * copy
     sync = alpha / 4
     if single_copy and nbytes >= single_copy_bytes:
-        return 3 * sync + (p - 1) / p * nbytes * (2 * copy + gamma)
+        return 2 * sync + (p - 1) / p * nbytes * (2 * copy + gamma)
     if nbytes <= small_bytes:
         return 2 * sync + nbytes * copy + (p - 1) * nbytes * gamma
     chunk = max(1, min(slot_bytes // 2 * p // (p + 1), chunk_bytes or CHUNK_BYTES))

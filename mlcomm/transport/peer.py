@@ -1,10 +1,10 @@
-"""Single-copy reads of a node peer's own buffers: Linux cross-memory attach.
+"""Single-copy reads and writes of a node peer's own buffers: Linux cross-memory attach.
 
 ``process_vm_readv`` copies from another process's memory into this one's in the kernel,
-one copy with no shared buffer between (Open MPI's ``smsc/cma`` does the same). A program
-that reads a peer's input or output (:class:`mlcomm.program.Fetch`) finds the peer's
-address in the node window, where the peer's post published it, and the peer's process id
-from :func:`probe`.
+one copy with no shared buffer between (Open MPI's ``smsc/cma`` does the same), and
+``process_vm_writev`` the other way. A program that reads a peer's input or output or
+writes its output (:class:`mlcomm.program.Fetch`) finds the peer's address in the node
+window, where the peer's post published it, and the peer's process id from :func:`probe`.
 
 The kernel allows it between processes of one user unless Yama's ``ptrace_scope`` is 2 or
 3 or a container withholds ``CAP_SYS_PTRACE``; under ``ptrace_scope`` 1 each process names
@@ -30,8 +30,8 @@ from . import FAULT, Transport, compile_calls
 __all__ = ["probe", "PeerReads"]
 
 _PR_SET_PTRACER, _PR_SET_PTRACER_ANY = 0x59616D61, ctypes.c_ulong(-1)
-_READV, _ERRNO_AT, _FAILED, _GOT, _ERRNO, _IOV = 0, 1, 2, 3, 4, 5
-_HEAD, _WORDS = 10, 5  # then per fetch: pid, address word, offset, local address, nbytes
+_ERRNO_AT, _FAILED, _GOT, _ERRNO, _IOV = 1, 2, 3, 4, 5
+_HEAD, _WORDS = 10, 6  # per fetch: pid, address word, offset, local address, nbytes, function
 
 
 class _IoVec(ctypes.Structure):
@@ -43,22 +43,27 @@ def _libc():
     return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
 
-def _readv_function():
-    fn = _libc().process_vm_readv
+_CALLS = ("process_vm_readv", "process_vm_writev")
+
+
+@lru_cache(maxsize=None)
+def _function(write: bool):
+    fn = getattr(_libc(), _CALLS[write])
     fn.restype = ctypes.c_ssize_t
     fn.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
                    ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong]
     return fn
 
 
-def read(pid: int, remote: int, local: int, nbytes: int) -> None:
-    """Copy ``nbytes`` at ``remote`` in process ``pid`` to ``local``; OSError on failure."""
+def read(pid: int, remote: int, local: int, nbytes: int, write: bool = False) -> None:
+    """Copy ``nbytes`` at ``remote`` in process ``pid`` to ``local`` (with ``write``, from
+    ``local`` to ``remote``); OSError on failure."""
     mine, theirs = _IoVec(local, nbytes), _IoVec(remote, nbytes)
-    got = _readv_function()(pid, ctypes.byref(mine), 1, ctypes.byref(theirs), 1, 0)
+    got = _function(write)(pid, ctypes.byref(mine), 1, ctypes.byref(theirs), 1, 0)
     if got != nbytes:
         err = ctypes.get_errno()
-        raise OSError(err, f"process_vm_readv read {got} of {nbytes} bytes: "
-                           f"{os.strerror(err) if got < 0 else 'short read'}")
+        raise OSError(err, f"{_CALLS[write]} moved {got} of {nbytes} bytes: "
+                           f"{os.strerror(err) if got < 0 else 'short copy'}")
 
 
 def _allow_readers() -> None:
@@ -106,7 +111,7 @@ def _define(compile):
             f = _HEAD + _WORDS * i
             ctx[_IOV], ctx[_IOV + 1] = ctx[f + 3], ctx[f + 4]
             ctx[_IOV + 2], ctx[_IOV + 3] = load_acquire(ctx[f + 1]) + ctx[f + 2], ctx[f + 4]
-            got = call6(ctx[_READV], ctx[f], iov, 1, iov + 16, 1, 0)
+            got = call6(ctx[f + 5], ctx[f], iov, 1, iov + 16, 1, 0)
             if got != ctx[f + 4]:
                 ctx[_FAILED], ctx[_GOT] = i, got
                 ctx[_ERRNO] = load_acquire(call0(ctx[_ERRNO_AT])) & 0xFFFFFFFF
@@ -121,21 +126,22 @@ def _define(compile):
 
 
 class PeerReads(Transport):
-    """The single-copy reads of one program (:class:`mlcomm.program.Fetch`) on ``window``:
-    each copies from a local peer's input or output, whose address the peer published,
-    into ``addresses[fetch.buffer] + fetch.at``. ``ranks``: the node's ranks (messages)."""
+    """The single-copy reads and writes of one program (:class:`mlcomm.program.Fetch`) on
+    ``window``: each copies between a local peer's input or output, whose address the peer
+    published, and ``addresses[fetch.buffer] + fetch.at``. ``ranks``: the node's ranks
+    (messages)."""
 
     def __init__(self, window, fetches, addresses, ranks):
         from ..cabi import libc_address
         from .shm import ADDRESSES
         self.fetches, self.ranks = tuple(fetches), tuple(ranks)
         ctx = np.zeros(_HEAD + _WORDS * max(len(self.fetches), 1), np.int64)
-        ctx[_READV] = libc_address("process_vm_readv")
         ctx[_ERRNO_AT] = libc_address("__errno_location")
+        calls = [libc_address(name) for name in _CALLS]
         for i, f in enumerate(self.fetches):
             ctx[_HEAD + _WORDS * i:_HEAD + _WORDS * (i + 1)] = (
                 window.pids[f.peer], window.flags[f.peer] + ADDRESSES + 8 * f.source,
-                f.offset, addresses[f.buffer] + f.at, f.nbytes)
+                f.offset, addresses[f.buffer] + f.at, f.nbytes, calls[f.write])
         self._ctx = ctx
         self._published = [window.address_array(j) for j in range(len(window.flags))]
         self.compiled = (ctx.__array_interface__["data"][0], *compile_calls(_define))
@@ -145,7 +151,7 @@ class PeerReads(Transport):
             f, words = self.fetches[i], self._ctx[_HEAD + _WORDS * i:_HEAD + _WORDS * (i + 1)]
             try:
                 read(int(words[0]), int(self._published[f.peer][f.source]) + f.offset,
-                     int(words[3]), f.nbytes)
+                     int(words[3]), f.nbytes, f.write)
             except OSError as exc:
                 self._ctx[_FAILED], self._ctx[_GOT], self._ctx[_ERRNO] = i, -1, exc.errno or 0
                 return FAULT
@@ -161,6 +167,7 @@ class PeerReads(Transport):
         i, got, err = (int(v) for v in self._ctx[[_FAILED, _GOT, _ERRNO]])
         f = self.fetches[i]
         why = os.strerror(err) if got < 0 else f"{got} bytes"
-        return (f"a single-copy read of {f.nbytes} bytes from rank {self.ranks[f.peer]}'s "
+        return (f"a single-copy {'write' if f.write else 'read'} of {f.nbytes} bytes "
+                f"{'to' if f.write else 'from'} rank {self.ranks[f.peer]}'s "
                 f"{'output' if f.source else 'input'} failed ({why}); set "
                 f"MLCOMM_SINGLE_COPY=0 to use the window's copies instead")
