@@ -33,9 +33,10 @@ DEFAULT_SLOT_BYTES = 4 << 20
 #: traffic stays in cache, large enough that its synchronisations are few (measured on
 #: 2 cores at 2 and 4 ranks, 16 MiB: 512 KiB to 1 MiB best)
 CHUNK_BYTES = 512 << 10
-#: vectors from this many bytes read their peers' buffers in place of the window's copies,
-#: where the node allows it
-SINGLE_COPY_BYTES = 1 << 20
+#: vectors from this many bytes read their peers' inputs and write their outputs in place of
+#: the window's copies, where the node allows it (on 2 cores at P = 2 and 4, without a shared
+#: cache: 64 KiB to 4 MiB 0.15-0.35 of MPI_Allreduce against the window's 0.46-0.89)
+SINGLE_COPY_BYTES = 64 << 10
 #: a single-copy reduce-scatter reads a peer's part this much at a time into scratch
 READ_CHUNK_BYTES = 256 << 10
 #: a copy through the window, per byte, as a fraction of beta: a message through MPI's

@@ -7,6 +7,7 @@ import pytest
 
 import mlcomm
 from mlcomm import select, session
+from mlcomm.algorithms.shared_memory import SINGLE_COPY_BYTES
 
 from mpi_helpers import COMM, agree
 
@@ -104,12 +105,12 @@ def test_shared_memory_is_timed_through_its_window_too_where_it_would_read(fresh
     if P == 1 or len(s.nodes) > 1:
         return
     f32 = np.dtype(np.float32)
-    for nbytes, variants in ((1 << 19, 0), (1 << 20, 1)):
+    for nbytes, variants in ((SINGLE_COPY_BYTES // 2, 0), (SINGLE_COPY_BYTES, 1)):
         _, trial = select._propose("allreduce", P, nbytes // 4, f32, "sum", s.nodes, False,
                                    False)
         window = [t for t in trial if t[0] == "shared_memory" and t[1]]
         agree(len(window) == variants, f"{nbytes} B: {trial}")
-    kept, plans = select.distinct_plans(s, trial, (1 << 20) // 4, f32, "sum")
+    kept, plans = select.distinct_plans(s, trial, SINGLE_COPY_BYTES // 4, f32, "sum")
     agree((window[0] in kept) == s.window().single_copy, f"{kept} {s.window().single_copy}")
     agree(not plans["shared_memory", window[0][1]].program.fetches, "the window variant reads")
 
