@@ -27,7 +27,7 @@ from .frame import DONE, F_PC, FAULTED, STALLED, Frame, compiled_supports, op_co
 from .loop import HostMemory, PythonLoop, compiled_loop
 from .program import INPUT, OUTPUT, SCRATCH, SLOTS
 from .transport.mpi import PointToPoint, abort_job
-from .transport.peer import PeerReads
+from .transport.peer import PeerCopies
 from .transport.shm import NodeSync
 
 __all__ = ["Settings", "Binding", "settings_from_env"]
@@ -145,7 +145,7 @@ class Binding:
             if not window.single_copy:
                 raise ValueError(f"{plan.describe()} reads its node peers' memory, which this "
                                  f"node does not allow: {window.single_copy_error}")
-            self.transports.append(PeerReads(window, program.fetches, addresses, node))
+            self.transports.append(PeerCopies(window, program.fetches, addresses, node))
         self.frame = None
         run = self._compiled(inp, out, scratch, slots, window) if not device else None
         if run is None:

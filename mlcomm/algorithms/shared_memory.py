@@ -10,9 +10,10 @@ chunk's gather. Where the node allows single-copy reads of a peer's memory
 (:mod:`mlcomm.transport.peer`), vectors of at least ``single_copy_bytes`` skip the window:
 local rank j reads part j of every peer's input (a scratch chunk at a time), reduces it and
 writes each reduced chunk into every peer's output; a last barrier keeps every rank in the
-call until its peers have finished with its buffers. A barrier is a post of this rank's node flag and an await of every other rank's;
-a last post says this rank has finished reading the window, which the next collective's
-first awaits check before it writes its slot again.
+call until its peers have finished with its buffers. A barrier is a post of this rank's
+node flag and an await of every other rank's; a last post says this rank has finished
+reading the window, which the next collective's first awaits check before it writes its
+slot again.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ def _read_chunks(lo, hi, itemsize):
     return [(a, min(chunk, hi - a)) for a in range(lo, hi, chunk)]
 
 
-def by_reads(tl, sync, node, rank, count, itemsize):
+def by_single_copy(tl, sync, node, rank, count, itemsize):
     """Reduce-scatter by reading this rank's part of every peer's input,
     :data:`READ_CHUNK_BYTES` at a time into scratch, in local order; all-gather by writing
     each reduced chunk into every peer's output at once, while this rank's cache holds it;
@@ -204,7 +205,7 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
     sync = Barriers(tl, node)
     sync.begin(0)
     if single_copy and count * itemsize >= elements("single_copy_bytes", single_copy_bytes, 1):
-        by_reads(tl, sync, node, rank, count, itemsize)
+        by_single_copy(tl, sync, node, rank, count, itemsize)
         return tl.schedule(count, count)
     if count * itemsize <= elements("small_bytes", small_bytes, 1) and count <= slot_elems:
         tl.need_slot(count)

@@ -27,7 +27,7 @@ from numba import carray
 from ..cabi import call0, call6, i64_array_at, load_acquire
 from . import FAULT, Transport, compile_calls
 
-__all__ = ["probe", "PeerReads"]
+__all__ = ["probe", "PeerCopies"]
 
 _PR_SET_PTRACER, _PR_SET_PTRACER_ANY = 0x59616D61, ctypes.c_ulong(-1)
 _ERRNO_AT, _FAILED, _GOT, _ERRNO, _IOV = 1, 2, 3, 4, 5
@@ -55,7 +55,7 @@ def _function(write: bool):
     return fn
 
 
-def read(pid: int, remote: int, local: int, nbytes: int, write: bool = False) -> None:
+def move(pid: int, remote: int, local: int, nbytes: int, write: bool = False) -> None:
     """Copy ``nbytes`` at ``remote`` in process ``pid`` to ``local`` (with ``write``, from
     ``local`` to ``remote``); OSError on failure."""
     mine, theirs = _IoVec(local, nbytes), _IoVec(remote, nbytes)
@@ -92,7 +92,7 @@ def probe(node) -> tuple:
         q = (me + 1) % size
         word = ctypes.c_int64()
         try:
-            read(everyone[q][0], everyone[q][1], ctypes.addressof(word), 8)
+            move(everyone[q][0], everyone[q][1], ctypes.addressof(word), 8)
             if word.value != everyone[q][0]:
                 raise OSError(0, "read the wrong bytes")
         except (OSError, AttributeError) as exc:
@@ -125,7 +125,7 @@ def _define(compile):
     return start, test
 
 
-class PeerReads(Transport):
+class PeerCopies(Transport):
     """The single-copy reads and writes of one program (:class:`mlcomm.program.Fetch`) on
     ``window``: each copies between a local peer's input or output, whose address the peer
     published, and ``addresses[fetch.buffer] + fetch.at``. ``ranks``: the node's ranks
@@ -150,7 +150,7 @@ class PeerReads(Transport):
         for i in range(first, first + n):
             f, words = self.fetches[i], self._ctx[_HEAD + _WORDS * i:_HEAD + _WORDS * (i + 1)]
             try:
-                read(int(words[0]), int(self._published[f.peer][f.source]) + f.offset,
+                move(int(words[0]), int(self._published[f.peer][f.source]) + f.offset,
                      int(words[3]), f.nbytes, f.write)
             except OSError as exc:
                 self._ctx[_FAILED], self._ctx[_GOT], self._ctx[_ERRNO] = i, -1, exc.errno or 0

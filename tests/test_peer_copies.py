@@ -1,4 +1,5 @@
-"""Single-copy reads of another process's memory (mlcomm.transport.peer), in one process."""
+"""Single-copy reads and writes of another process's memory (mlcomm.transport.peer), in one
+process."""
 
 import ctypes
 import os
@@ -9,7 +10,7 @@ from mpi4py import MPI
 
 from mlcomm.program import OUTPUT, Fetch
 from mlcomm.transport import FAULT
-from mlcomm.transport.peer import PeerReads, probe
+from mlcomm.transport.peer import PeerCopies, probe
 from mlcomm.transport.shm import ADDRESSES
 
 
@@ -23,7 +24,7 @@ def _start(reads, compiled):
 
 
 class _Window:
-    """What PeerReads needs of a node window: pids, flag addresses, published addresses."""
+    """What PeerCopies needs of a node window: pids, flag addresses, published addresses."""
 
     def __init__(self, pids):
         self.pids = pids
@@ -41,9 +42,32 @@ def test_a_read_copies_from_the_published_address(compiled):
     target = np.zeros(4)
     window = _Window([os.getpid()])
     window.address_array(0)[OUTPUT] = source.ctypes.data  # "local rank 0's output"
-    reads = PeerReads(window, [Fetch(0, OUTPUT, 3 * 8, 0, 8, 3 * 8)], [target.ctypes.data], [7])
+    reads = PeerCopies(window, [Fetch(0, OUTPUT, 3 * 8, 0, 8, 3 * 8)], [target.ctypes.data], [7])
     assert _start(reads, compiled) == 0 and reads.test(0, 1) == 1
     assert target.tolist() == [0, 3, 4, 5]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_write_copies_to_the_published_address(compiled):
+    source = np.arange(10, dtype=np.float64)
+    target = np.zeros(6)
+    window = _Window([os.getpid()])
+    window.address_array(0)[OUTPUT] = target.ctypes.data  # "local rank 0's output"
+    writes = PeerCopies(window, [Fetch(0, OUTPUT, 2 * 8, 0, 5 * 8, 3 * 8, True)],
+                        [source.ctypes.data], [7])
+    assert _start(writes, compiled) == 0 and writes.test(0, 1) == 1
+    assert target.tolist() == [0, 0, 5, 6, 7, 0]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_failed_write_faults_and_names_the_peer(compiled):
+    window = _Window([os.getpid()])
+    window.address_array(0)[OUTPUT] = 8  # unmapped
+    source = np.zeros(4)
+    writes = PeerCopies(window, [Fetch(0, OUTPUT, 0, 0, 0, 32, True)], [source.ctypes.data], [7])
+    assert _start(writes, compiled) == FAULT
+    message = writes.fault()
+    assert "write of 32 bytes to rank 7's output" in message and "Bad address" in message
 
 
 @pytest.mark.parametrize("compiled", [False, True])
@@ -51,7 +75,7 @@ def test_a_failed_read_faults_and_says_how_to_turn_reads_off(compiled):
     window = _Window([os.getpid()])
     window.address_array(0)[OUTPUT] = 8  # unmapped
     target = np.zeros(4)
-    reads = PeerReads(window, [Fetch(0, OUTPUT, 0, 0, 0, 32)], [target.ctypes.data], [7])
+    reads = PeerCopies(window, [Fetch(0, OUTPUT, 0, 0, 0, 32)], [target.ctypes.data], [7])
     assert _start(reads, compiled) == FAULT
     message = reads.fault()
     assert "32 bytes from rank 7's output" in message and "Bad address" in message
