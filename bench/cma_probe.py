@@ -15,8 +15,9 @@ Per size, every rank moves the part of its peers' vectors that a reduce-scatter 
 - ``sendrecv``: ``MPI_Sendrecv`` of each part with each peer (MPICH's own path).
 
 Beside them, two whole all-reduces of the vector: ``shm-window`` (``shared_memory``
-through the window's copies) and ``shm-reads`` (``shared_memory`` by single-copy reads),
-by setting its ``single_copy_bytes`` above and below the size.
+through the window's copies) and ``shm-single-copy`` (``shared_memory`` reading its peers'
+inputs and writing their outputs), by setting its ``single_copy_bytes`` above and below
+the size.
 
 It prints each one's median time over ``MPI_Allreduce``'s. A kernel that forbids CMA (Yama
 ``ptrace_scope`` 2 or 3, or no ``CAP_SYS_PTRACE`` in a container) makes ``cma`` fail with
@@ -123,7 +124,7 @@ def main() -> int:
             print(f"cma: not allowed here ({forbidden[0]}); timing the others", flush=True)
         comm.Barrier()
     import mlcomm
-    for name, at in (("shm-window", 1 << 62), ("shm-reads", 1)):
+    for name, at in (("shm-window", 1 << 62), ("shm-single-copy", 1)):
         tests[name] = lambda at=at: mlcomm.allreduce(mine, out, algorithm="shared_memory",
                                                      single_copy_bytes=at)
         tests[name]()  # plan, bind and probe outside the timed rounds
