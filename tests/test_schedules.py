@@ -247,7 +247,6 @@ def test_the_local_executor_finds_a_peer_write_the_last_barrier_does_not_cover(m
         check_collective(schedules)
 
 
-
 def _peer_write_schedules(case, in_place=False):
     """Two ranks of one node publish their addresses (post 1), await each other's and end
     with a barrier (post 2); rank 0 writes the first half of rank 1's output, rank 1 the
