@@ -2,6 +2,7 @@
 
     mpiexec -n 2 python bench/cma_probe.py                 # 16 MiB, float32
     mpiexec -n 4 python bench/cma_probe.py --size 4M
+    mpiexec -n 2 python bench/cma_probe.py --read-chunk 256K   # shm-single-copy's chunk
 
 Per size, every rank moves the part of its peers' vectors that a reduce-scatter reads
 (``(p-1)/p`` of a vector, from its ``p-1`` peers) three ways, in interleaved rounds beside
@@ -27,8 +28,6 @@ the errno, and the script says so.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import os
 import statistics
 import sys
@@ -37,35 +36,23 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+import mlcomm.algorithms.shared_memory as shm
 from mlcomm.cli import parse_args
 from mlcomm.commands import size as parse_size
-
-
-class _IoVec(ctypes.Structure):
-    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-
-
-def _readv():
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    fn = libc.process_vm_readv
-    fn.restype = ctypes.c_ssize_t
-    fn.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
-                   ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong]
-
-    def read(pid, remote, local, nbytes):
-        lv, rv = _IoVec(local, nbytes), _IoVec(remote, nbytes)
-        got = fn(pid, ctypes.byref(lv), 1, ctypes.byref(rv), 1, 0)
-        if got != nbytes:
-            err = ctypes.get_errno()
-            raise OSError(err, f"process_vm_readv: {os.strerror(err)}")
-    return read
+from mlcomm.transport.peer import move
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-s", "--size", type=parse_size, default=16 << 20)
     parser.add_argument("-r", "--rounds", type=int, default=15)
+    parser.add_argument("--read-chunk", type=parse_size, default=shm.READ_CHUNK_BYTES,
+                        help="shm-single-copy's chunk (default the library's, "
+                             f"{shm.READ_CHUNK_BYTES >> 10} KiB)")
     args = parse_args(parser)
+    if args.read_chunk < 4:
+        parser.error(f"--read-chunk {args.read_chunk}: give at least one element, e.g. 512K")
+    shm.READ_CHUNK_BYTES = args.read_chunk  # before the first plan of this process
     comm = MPI.COMM_WORLD
     rank, p = comm.Get_rank(), comm.Get_size()
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -80,7 +67,6 @@ def main() -> int:
     win = MPI.Win.Allocate_shared(args.size, 4, comm=node)
     slots = [np.ndarray(count, np.float32, buffer=win.Shared_query(q)[0]) for q in range(p)]
     peers = comm.allgather((os.getpid(), mine.ctypes.data))
-    read = _readv()
 
     def window():  # in chunks, as shared_memory goes, so a chunk's traffic stays in cache
         for c in range(0, count, chunk):
@@ -98,7 +84,7 @@ def main() -> int:
         lo, hi = bounds[rank], bounds[rank + 1]
         for q in range(p):
             if q != rank:
-                read(peers[q][0], peers[q][1] + 4 * lo, land[lo:].ctypes.data, 4 * (hi - lo))
+                move(peers[q][0], peers[q][1] + 4 * lo, land[lo:].ctypes.data, 4 * (hi - lo))
         comm.Barrier()
 
     def sendrecv():

@@ -38,8 +38,10 @@ CHUNK_BYTES = 512 << 10
 #: the window's copies, where the node allows it (on 2 cores at P = 2 and 4, without a shared
 #: cache: 64 KiB to 4 MiB 0.15-0.35 of MPI_Allreduce against the window's 0.46-0.89)
 SINGLE_COPY_BYTES = 64 << 10
-#: a single-copy reduce-scatter reads a peer's part this much at a time into scratch
-READ_CHUNK_BYTES = 256 << 10
+#: a single-copy reduce-scatter reads a peer's part this much at a time into scratch (P = 2,
+#: 16 MiB on 2 cores: 512 KiB faster than 256 KiB in 8 of 9 alternated jobs, by 9-13 % on
+#: average; 64 and 128 KiB slower, 1 MiB no faster; bench/cma_probe.py --read-chunk)
+READ_CHUNK_BYTES = 512 << 10
 #: a copy through the window, per byte, as a fraction of beta: a message through MPI's
 #: shared memory is two copies (into a shared cell and out), the window's one
 COPY = 0.5
