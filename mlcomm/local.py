@@ -69,7 +69,7 @@ class _Rank:
         self.last_window_read = -1
         self.ranks = None  # every rank, for reads of a peer's buffers
         self.out_step = np.full(schedule.output_count, -1)  # the step of each output write
-        self.read_by = {q: [] for q in range(p)}  # peers' reads of this rank's buffers
+        self.read_by = {}  # peer -> its reads of this rank's buffers
         self.written_by = []  # peers' writes of this rank's output: (writer, lo, hi, step)
         self.own_reads = []  # this rank's reads of its output (or input in place): lo, hi, step
 
@@ -139,7 +139,8 @@ class _Rank:
             if (when > self.clock[q]).any():
                 raise ScheduleError(f"{self.where(region)}: reads rank {q}'s output before an "
                                     f"await has made its write visible")
-        other.read_by[me].append((other.alias[name], region.offset, region.stop, self.step))
+        other.read_by.setdefault(me, []).append((other.alias[name], region.offset, region.stop,
+                                                 self.step))
         self.last_window_read = self.step
         return buf[region.offset:region.stop]
 
