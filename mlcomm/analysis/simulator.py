@@ -551,7 +551,6 @@ def critical_path(program: Program, result: SimResult, network: Network) -> dict
     start = np.where(first, 0.0, np.roll(result.step_done, 1))
     reduce_s = pr.step_reduce * n.gamma
     copy_s = pr.step_copy * n.copy_cost
-    end = result.step_done - reduce_s - copy_s
     ends = pr.rank_first[1:] - 1
     live = pr.rank_first[1:] > pr.rank_first[:-1]
     g = int(ends[live][np.argmax(result.rank_finish[live])])
