@@ -95,10 +95,10 @@ def abort_on_error(func, *args, **kwargs):
     """Run ``func``; if it fails on this rank, end the whole MPI job with its message.
 
     An unhandled exception prints its traceback; a ``SystemExit`` with a non-zero status
-    prints its message.  Either then calls ``MPI_Abort`` on ``COMM_WORLD`` when the job
-    has more than one rank, so no other rank waits for this one; in a single process it
-    exits with that status.  A clean exit (status 0 or None) and an :class:`AgreedExit`
-    pass through.
+    prints its message (a bare status: which rank exited with it).  Either then calls
+    ``MPI_Abort`` on ``COMM_WORLD`` when the job has more than one rank, so no other rank
+    waits for this one; in a single process it exits with that status.  A clean exit
+    (status 0 or None) and an :class:`AgreedExit` pass through.
     """
     try:
         return func(*args, **kwargs)
@@ -110,10 +110,14 @@ def abort_on_error(func, *args, **kwargs):
         comm = world()
         if comm is None:
             raise
-        if not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
+        if isinstance(exc.code, int):
+            code, message = exc.code, (f"mlcomm: rank {comm.Get_rank()} exited with status "
+                                       f"{exc.code}; ending the MPI job")
+        else:
+            code, message = 1, exc.code
+        print(message, file=sys.stderr)
         _flush()
-        _abort(comm, exc.code if isinstance(exc.code, int) else 1)
+        _abort(comm, code)
     except BaseException:
         traceback.print_exc()
         _flush()
