@@ -37,26 +37,20 @@ class _Window:
 
 
 @pytest.mark.parametrize("compiled", [False, True])
-def test_a_read_copies_from_the_published_address(compiled):
-    source = np.arange(10, dtype=np.float64)
-    target = np.zeros(4)
+@pytest.mark.parametrize("write, fetch, want", [
+    (False, Fetch(0, OUTPUT, 3 * 8, 0, 8, 3 * 8), [0, 3, 4, 5, 0, 0]),
+    (True, Fetch(0, OUTPUT, 2 * 8, 0, 5 * 8, 3 * 8, True), [0, 0, 5, 6, 7, 0])])
+def test_a_copy_moves_between_the_published_address_and_a_local_one(compiled, write, fetch,
+                                                                     want):
+    """A read copies from the peer's published output into this rank's buffer; a write
+    the other way."""
+    source, target = np.arange(10, dtype=np.float64), np.zeros(6)
+    published, local = (target, source) if write else (source, target)
     window = _Window([os.getpid()])
-    window.address_array(0)[OUTPUT] = source.ctypes.data  # "local rank 0's output"
-    reads = PeerCopies(window, [Fetch(0, OUTPUT, 3 * 8, 0, 8, 3 * 8)], [target.ctypes.data], [7])
-    assert _start(reads, compiled) == 0 and reads.test(0, 1) == 1
-    assert target.tolist() == [0, 3, 4, 5]
-
-
-@pytest.mark.parametrize("compiled", [False, True])
-def test_a_write_copies_to_the_published_address(compiled):
-    source = np.arange(10, dtype=np.float64)
-    target = np.zeros(6)
-    window = _Window([os.getpid()])
-    window.address_array(0)[OUTPUT] = target.ctypes.data  # "local rank 0's output"
-    writes = PeerCopies(window, [Fetch(0, OUTPUT, 2 * 8, 0, 5 * 8, 3 * 8, True)],
-                        [source.ctypes.data], [7])
-    assert _start(writes, compiled) == 0 and writes.test(0, 1) == 1
-    assert target.tolist() == [0, 0, 5, 6, 7, 0]
+    window.address_array(0)[OUTPUT] = published.ctypes.data  # "local rank 0's output"
+    copies = PeerCopies(window, [fetch], [local.ctypes.data], [7])
+    assert _start(copies, compiled) == 0 and copies.test(0, 1) == 1
+    assert target.tolist() == want
 
 
 @pytest.mark.parametrize("compiled", [False, True])

@@ -30,8 +30,8 @@ from . import FAULT, Transport, compile_calls
 __all__ = ["probe", "PeerCopies"]
 
 _PR_SET_PTRACER, _PR_SET_PTRACER_ANY = 0x59616D61, ctypes.c_ulong(-1)
-_ERRNO_AT, _FAILED, _GOT, _ERRNO, _IOV = 1, 2, 3, 4, 5
-_HEAD, _WORDS = 10, 6  # per fetch: pid, address word, offset, local address, nbytes, function
+_ERRNO_AT, _FAILED, _GOT, _ERRNO, _IOV = 0, 1, 2, 3, 4  # _IOV: two iovecs, four words
+_HEAD, _WORDS = _IOV + 4, 6  # per fetch: pid, address word, offset, local address, nbytes, function
 
 
 class _IoVec(ctypes.Structure):
