@@ -43,13 +43,14 @@ WINDOW_ONLY = (("single_copy_bytes", 1 << 62),)
 
 
 def _window_variant(nbytes):
-    """shared_memory through its window where it would read its peers' buffers: which is
-    faster depends on whether the node's cores share a cache (docs/performance.rst)."""
+    """shared_memory (or hierarchical's intra-node phases) through the window where it would
+    read its peers' buffers: which is faster depends on whether the node's cores share a
+    cache (docs/performance.rst)."""
     return [WINDOW_ONLY] if nbytes >= SINGLE_COPY_BYTES else []
 
 
 #: name -> (bytes -> option sets) that a trial times beside the name's defaults
-VARIANTS = {"shared_memory": _window_variant}
+VARIANTS = {"shared_memory": _window_variant, "hierarchical": _window_variant}
 
 
 def requested(algorithm, collective: str, default=None) -> str:
@@ -208,6 +209,8 @@ def plan_for(session, collective, name, count, dtype, op, options, alias=None):
     """The plan of ``name`` (one of mlcomm's algorithms) for this call on ``session``, with
     the node layout it needs and hierarchical's ``inter`` chosen when not given."""
     context = COLLECTIVES[collective][name].context
+    if options.get("intra") == "direct":  # hierarchical by messages: no window, no peer reads
+        context = tuple(c for c in context if c != "single_copy")
     if context:
         options = dict(options, **session.context(context))
     if options.get("inter") == AUTO or (name == "hierarchical" and "inter" not in options):
@@ -325,17 +328,19 @@ def _trial(session, trial, count, dtype, op) -> tuple:
 
 
 def distinct_plans(session, trial, count, dtype, op):
-    """``(trial, plans)``: the trial's entries less the variants whose schedule is their
-    default's on every rank (a window variant where the node refuses single-copy reads),
-    and each entry's plan for ``count`` elements, keyed by ``(name, options)``."""
+    """``(trial, plans)``: the trial's entries less those whose schedule is an earlier
+    entry's on every rank (a window variant where the node refuses single-copy reads;
+    ``hierarchical``'s single copies on one node, which are ``shared_memory``'s), and each
+    entry's plan for ``count`` elements, keyed by ``(name, options)``."""
     from mpi4py import MPI
     plans = {(name, options): plan_for(session, "allreduce", name, count, dtype, op,
                                        dict(options))
              for name, options, _ in trial}
-    same = np.array([bool(options) and plans[name, options].schedule == plans[name, ()].schedule
-                     for name, options, _ in trial], np.int32)
+    schedules = [plans[name, options].schedule for name, options, _ in trial]
+    same = np.array([[j < i and schedules[i] == schedules[j] for j in range(len(trial))]
+                     for i in range(len(trial))], np.int32)
     session.comm.Allreduce(MPI.IN_PLACE, same, op=MPI.MIN)
-    return [t for t, drop in zip(trial, same) if not drop], plans
+    return [t for t, row in zip(trial, same) if not row.any()], plans
 
 
 def _label(name, options):

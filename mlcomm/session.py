@@ -305,9 +305,10 @@ class Session:
 
     def context(self, names) -> dict:
         """The options this session supplies to a node-aware algorithm (``Algorithm.context``):
-        asking for ``single_copy`` makes the window (collective over the node)."""
+        asking for ``single_copy`` on a node of several ranks makes the window (collective
+        over the node)."""
         values = {"nodes": lambda: self.nodes, "slot_bytes": lambda: self.slot_bytes,
-                  "single_copy": lambda: self.window().single_copy}
+                  "single_copy": lambda: len(self.node) > 1 and self.window().single_copy}
         return {name: values[name]() for name in names}
 
     def window(self):

@@ -205,6 +205,23 @@ def test_shared_memory_single_copy_exact(p, monkeypatch):
                                                  single_copy_bytes=8), in_place=in_place)
 
 
+@pytest.mark.parametrize("p", range(1, 25))
+def test_hierarchical_single_copy_exact(p, monkeypatch):
+    """hierarchical's intra-node phases by reads of the peers' inputs and writes into their
+    outputs: random node sizes, one read chunk or many, in place and out of place."""
+    import random
+    import mlcomm.algorithms.shared_memory as shm
+    rng = random.Random(p)
+    for read_bytes in (8 * 3, 1 << 20):
+        monkeypatch.setattr(shm, "READ_CHUNK_BYTES", read_bytes)
+        for count in sorted({0, 1, p + 1, 97}):
+            nodes = _random_nodes(p, rng)
+            check_collective(build_schedules(
+                "hierarchical", p, count, nodes=nodes, single_copy=True, single_copy_bytes=8,
+                inter=rng.choice(["ring", "recursive_doubling", "naive"]),
+                part_bytes=rng.choice((8, 4096))), in_place=bool(count % 2))
+
+
 def test_the_local_executor_finds_single_copy_races():
     """Reads of the peers' inputs and writes into their outputs are ordered by the post
     that publishes the addresses (1) and by the last barrier (2)."""

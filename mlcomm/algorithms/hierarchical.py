@@ -8,8 +8,12 @@ handler, ``intra="direct"``), then all-reduced across the nodes by the ranks tha
 one per node, with the flat algorithm ``inter``, and finally copied to every rank of each
 node. Every node's ranks and links work at once, and nodes of any sizes fit (5 ranks as
 2 + 2 + 1: the single rank handles both parts). Through the window the parts go in
-rounds of half a slot, each part's inter-node all-reduce once over the whole part. A
-vector under two ``part_bytes`` is one part.
+rounds of half a slot, each part's inter-node all-reduce once over the whole part. Where
+the node allows single-copy reads (as for ``shared_memory``), vectors of at least
+``single_copy_bytes`` skip the window: a handler reads its parts of its peers' inputs,
+reduces them into its output and, once they are all-reduced across the nodes, writes them
+into its peers' outputs; a last barrier keeps every rank in the call until its peers have
+finished with its buffers. A vector under two ``part_bytes`` is one part.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from ..schedule import INPUT, OUTPUT, SCRATCH, Copy, Recv, Reduce, Region, Send,
     chunk_bounds, slot
 from ._common import elements
 from ._registry import COLLECTIVES, register
-from .shared_memory import COPY, DEFAULT_SLOT_BYTES, Barriers, exchange, node_of, reduce_as_posted
+from .shared_memory import COPY, DEFAULT_SLOT_BYTES, SINGLE_COPY_BYTES, Barriers, exchange, \
+    node_of, read_steps, reduce_as_posted, reduce_from_peers, write_to_peers
 
 __all__ = ["build", "cost", "embed", "INTRA", "PART_BYTES"]
 
@@ -51,11 +56,15 @@ def embed(tl: Timeline, t: int, sub, peers, offset: int) -> int:
 
 
 def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES, inter="ring",
-          intra="shared_memory", inter_options=(), part_bytes=PART_BYTES):
+          intra="shared_memory", inter_options=(), part_bytes=PART_BYTES, single_copy=False,
+          single_copy_bytes=SINGLE_COPY_BYTES):
     """Reduce-scatter inside each node, ``inter`` across nodes per part, all-gather inside
     each node (see the module docstring). ``inter_options`` are ``inter``'s options, as
     ``(name, value)`` pairs; a part holds at least ``part_bytes`` (so a tiny vector is one
-    part, handled by one rank per node)."""
+    part, handled by one rank per node). ``single_copy`` (the node allows reads of a peer's
+    memory) and ``single_copy_bytes`` as for ``shared_memory``: from that size on, with
+    ``intra="shared_memory"``, a handler reads its parts of its node peers' inputs and
+    writes the finished parts into their outputs instead of going through the window."""
     if intra not in INTRA:
         raise ValueError(f"intra={intra!r}: choose one of {', '.join(INTRA)}")
     flat = COLLECTIVES["allreduce"].get(inter)
@@ -72,7 +81,9 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
     part = lambda j, at=0, n=None: Region(OUTPUT, pb[j] + at,
                                           pb[j + 1] - pb[j] - at if n is None else n)
     mine = [j for j in range(parts) if j % L == local]
-    window = intra == "shared_memory" and L > 1
+    copies = intra == "shared_memory" and L > 1 and single_copy and \
+        count * itemsize >= elements("single_copy_bytes", single_copy_bytes, 1)
+    window = intra == "shared_memory" and L > 1 and not copies
     tl = Timeline(rank, size)
     if count == 0:
         return tl.schedule(count, count)
@@ -81,7 +92,16 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
         return tl.schedule(count, count)
     t = 0
     # 1. reduce each part inside the node, into its handler's output
-    if window:
+    if copies:  # on one node, each reduced chunk goes straight on to the peers' outputs
+        sync = Barriers(tl, node)
+        sync.begin(0)
+        data = sync.post(1)  # this rank's buffers' addresses
+        for q in node:
+            sync.wait(2, q, data)
+        t = 2
+        for j in mine:
+            t = reduce_from_peers(tl, t, node, rank, pb[j], pb[j + 1], itemsize, len(nodes) == 1)
+    elif window:
         sync = Barriers(tl, node)
         sync.begin(0)
         half = elements("slot_bytes", slot_bytes, itemsize) // 2
@@ -124,7 +144,15 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
                                         **dict(inter_options))
             t = embed(tl, t, built[key], column, pb[j])
     # 3. every part to every rank of the node
-    if window:
+    if copies:
+        if len(nodes) > 1:
+            for j in mine:
+                write_to_peers(tl, t, node, rank, pb[j], pb[j + 1] - pb[j])
+                t += 1
+        # every output whole, and no peer touches this rank's buffers after it; on one node
+        # in shared_memory's step, which makes the two schedules one (timed once by auto)
+        sync.barrier(t if len(nodes) > 1 else max(t, 2 + read_steps(pb, itemsize)))
+    elif window:
         def publish(t, c, base, at):
             for j in mine:
                 tl.copy(t, Region(slot(rank), base + j * q, length(j, at)),
@@ -190,16 +218,20 @@ def _direct_gather(tl, t, node, parts, pb, a):
 
 def cost(p, nbytes, alpha, beta, gamma, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES, inter="ring",
          intra="shared_memory", inter_options=(), inter_alpha=None, inter_beta=None,
-         part_bytes=PART_BYTES):
+         part_bytes=PART_BYTES, single_copy=False, single_copy_bytes=SINGLE_COPY_BYTES):
     """Inside the node the window's costs (a barrier alpha/4, copies ``COPY * beta`` per
-    byte);
+    byte: three per byte through the window, the peers' share twice with single copies);
     across the nodes ``inter``'s closed form on one part, with ``inter_alpha`` and
     ``inter_beta`` when given."""
     nodes = nodes or (tuple(range(p)),)
     n_nodes = len(nodes)
     L = max(1, min(max(len(n) for n in nodes), nbytes // part_bytes))
     part = nbytes / L
-    local = 4 * (alpha / 4) + 3 * nbytes * COPY * beta + (L - 1) * part * gamma
+    if single_copy and intra == "shared_memory" and nbytes >= single_copy_bytes:
+        local = 2 * (alpha / 4) + 2 * (L - 1) * part * COPY * beta
+    else:
+        local = 4 * (alpha / 4) + 3 * nbytes * COPY * beta
+    local += (L - 1) * part * gamma
     if n_nodes == 1:
         return local
     flat = COLLECTIVES["allreduce"][inter]
@@ -209,5 +241,5 @@ def cost(p, nbytes, alpha, beta, gamma, nodes=None, slot_bytes=DEFAULT_SLOT_BYTE
 
 register("hierarchical", "allreduce", build, cost,
          {"inter": "auto", "intra": "shared_memory", "inter_options": (),
-          "part_bytes": PART_BYTES},
-         aliases=("two_level", "hier"), context=("nodes", "slot_bytes"))
+          "part_bytes": PART_BYTES, "single_copy_bytes": SINGLE_COPY_BYTES},
+         aliases=("two_level", "hier"), context=("nodes", "slot_bytes", "single_copy"))

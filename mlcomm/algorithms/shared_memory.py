@@ -23,6 +23,7 @@ from ._common import elements
 from ._registry import register
 
 __all__ = ["build", "cost", "node_of", "Barriers", "exchange", "reduce_as_posted",
+           "reduce_from_peers", "write_to_peers", "read_steps",
            "SMALL_BYTES", "CHUNK_BYTES", "SINGLE_COPY_BYTES", "READ_CHUNK_BYTES", "COPY",
            "DEFAULT_SLOT_BYTES"]
 
@@ -145,22 +146,15 @@ def _read_chunks(lo, hi, itemsize):
     return [(a, min(chunk, hi - a)) for a in range(lo, hi, chunk)]
 
 
-def by_single_copy(tl, sync, node, rank, count, itemsize):
-    """Reduce-scatter by reading this rank's part of every peer's input,
-    :data:`READ_CHUNK_BYTES` at a time into scratch, in local order; all-gather by writing
-    each reduced chunk into every peer's output at once, while this rank's cache holds it;
-    then a barrier, after which every output is whole and no peer touches this rank's
-    buffers. In place, a peer's part is overwritten only by this rank, its only reader,
-    after reading it."""
-    parts = chunk_bounds(count, len(node))
-    local = node.index(rank)
-    mine = _read_chunks(parts[local], parts[local + 1], itemsize)
-    width = max([n for _, n in mine], default=0)
-    data = sync.post(1)  # this rank's buffers' addresses
-    for q in node:
-        sync.wait(2, q, data)
-    for c, (a, n) in enumerate(mine):
-        t = 2 + c
+def reduce_from_peers(tl, t, node, rank, lo, hi, itemsize, spread):
+    """Reduce elements ``lo:hi`` of every node rank's input, in local order, into this rank's
+    output, reading each peer's :data:`READ_CHUNK_BYTES` at a time into scratch; with
+    ``spread``, each reduced chunk also into every peer's output, while this rank's cache
+    holds it. In place, a peer's ``lo:hi`` is overwritten only by this rank, its only reader,
+    after reading it. The peers' addresses must have been awaited. Returns the next free step."""
+    chunks = _read_chunks(lo, hi, itemsize)
+    width = max([n for _, n in chunks], default=0)
+    for a, n in chunks:
         # partial results in the first scratch chunk, the last straight into the output
         # (in place, this rank's input is read before the output is written)
         total, fetched = Region(SCRATCH, 0, n), Region(SCRATCH, width, n)
@@ -173,12 +167,37 @@ def by_single_copy(tl, sync, node, rank, count, itemsize):
                 dst = Region(OUTPUT, a, n) if k == len(node) - 1 else total
                 tl.reduce(t, dst, operand, left=first if k == 1 else total)
             first = operand
-        for q in node:
-            if q != rank:
-                tl.copy(t, Region(peer(OUTPUT, q), a, n), Region(OUTPUT, a, n))
+        if spread:
+            write_to_peers(tl, t, node, rank, a, n)
+        t += 1
     tl.need_scratch(2 * width)
-    sync.barrier(2 + max(len(_read_chunks(parts[j], parts[j + 1], itemsize))
-                         for j in range(len(node))))
+    return t
+
+
+def write_to_peers(tl, t, node, rank, a, n):
+    """Copy this rank's output ``a:a+n`` into every other node rank's output."""
+    for q in node:
+        if q != rank:
+            tl.copy(t, Region(peer(OUTPUT, q), a, n), Region(OUTPUT, a, n))
+
+
+def read_steps(bounds, itemsize) -> int:
+    """The most read chunks any one part of ``bounds`` takes (aligns the last barrier)."""
+    return max(len(_read_chunks(bounds[j], bounds[j + 1], itemsize))
+               for j in range(len(bounds) - 1))
+
+
+def by_single_copy(tl, sync, node, rank, count, itemsize):
+    """Reduce-scatter by reading this rank's part of every peer's input and all-gather by
+    writing each reduced chunk into every peer's output (:func:`reduce_from_peers`); then a
+    barrier, after which every output is whole and no peer touches this rank's buffers."""
+    parts = chunk_bounds(count, len(node))
+    local = node.index(rank)
+    data = sync.post(1)  # this rank's buffers' addresses
+    for q in node:
+        sync.wait(2, q, data)
+    reduce_from_peers(tl, 2, node, rank, parts[local], parts[local + 1], itemsize, True)
+    sync.barrier(2 + read_steps(parts, itemsize))
 
 
 def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES,

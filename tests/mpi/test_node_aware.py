@@ -18,8 +18,10 @@ pytestmark = pytest.mark.mpi
 P, RANK = COMM.Get_size(), COMM.Get_rank()
 NODES = session.get(COMM).nodes
 ONE_NODE = len(NODES) == 1
+# hierarchical: single copies from 64 KiB where the node allows them, from 8 B, never
 CASES = [("hierarchical", {}), ("hierarchical", {"intra": "direct"}),
-         ("hierarchical", {"inter": "recursive_doubling"})]
+         ("hierarchical", {"inter": "recursive_doubling", "single_copy_bytes": 8}),
+         ("hierarchical", {"single_copy_bytes": 1 << 62})]
 if ONE_NODE:
     CASES += [("shared_memory", {}), ("shared_memory", {"single_copy_bytes": 8})]
 COUNTS = sorted({0, 1, P, P + 1, 997, 100_003, 1 << 20})
@@ -56,18 +58,26 @@ def test_floats_agree_bitwise_and_repeat(name, options, dtype):
         agree(digest(again) == digest(got), "a repeated call gave other bits")
 
 
-def test_single_copy_reads_where_the_node_allows_them():
-    """Large vectors read the peers' buffers exactly when the window's probe allowed it."""
-    if not ONE_NODE:
+@pytest.mark.parametrize("name", ["shared_memory", "hierarchical"])
+def test_single_copy_reads_where_the_node_allows_them(name):
+    """Large vectors read the peers' buffers exactly when the window's probe allowed it (and
+    the rank's node has peers); hierarchical by messages never does."""
+    if name == "shared_memory" and not ONE_NODE:
         return
     from mlcomm.select import plan_for
     s = session.get(COMM)
-    plan = plan_for(s, "allreduce", "shared_memory", 1 << 20, np.dtype(np.float32), "sum", {})
+    f32 = np.dtype(np.float32)
+    inter = {"inter": "ring"} if name == "hierarchical" else {}
+    plan = plan_for(s, "allreduce", name, 1 << 20, f32, "sum", inter)
     window = s.window()
-    agree(bool(plan.program.fetches) == (window.single_copy and P > 1),
+    agree(bool(plan.program.fetches) == (window.single_copy and len(s.node) > 1),
           f"single_copy={window.single_copy} ({window.single_copy_error}) but the plan has "
           f"{len(plan.program.fetches)} reads")
-    agree(window.single_copy or P == 1 or bool(window.single_copy_error), "no reason given")
+    agree(window.single_copy or len(s.node) == 1 or bool(window.single_copy_error),
+          "no reason given")
+    if name == "hierarchical":
+        direct = plan_for(s, "allreduce", name, 1 << 20, f32, "sum", dict(inter, intra="direct"))
+        agree(not direct.program.fetches and not direct.program.node_size, "direct read peers")
 
 
 def test_shared_memory_on_several_nodes_names_hierarchical():
