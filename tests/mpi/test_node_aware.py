@@ -88,15 +88,16 @@ def test_shared_memory_on_several_nodes_names_hierarchical():
     agree(np.all(mlcomm.allreduce(np.ones(4), algorithm="hierarchical") == P))
 
 
-def test_persistent_and_nonblocking_through_the_window():
+@pytest.mark.parametrize("count", [1000, 10_000])  # 80 KB: single copies where allowed
+def test_persistent_and_nonblocking_through_the_window(count):
     name = "shared_memory" if ONE_NODE else "hierarchical"
-    x = np.empty(1000, np.int64)
+    x = np.empty(count, np.int64)
     handle = mlcomm.allreduce_init(mlcomm.IN_PLACE, x, algorithm=name)
     for trial in range(3):
-        x[...] = np.arange(1000) + RANK + trial
+        x[...] = np.arange(count) + RANK + trial
         handle()
-        agree(np.array_equal(x, np.arange(1000) * P + P * (P - 1) // 2 + P * trial))
-    xs = [np.full(5000, float(RANK + k)) for k in range(4)]
+        agree(np.array_equal(x, np.arange(count) * P + P * (P - 1) // 2 + P * trial))
+    xs = [np.full(count, float(RANK + k)) for k in range(4)]
     requests = [mlcomm.iallreduce(v, algorithm=name) for v in xs]
     for k, r in enumerate(requests):
         agree(np.all(r.wait() == P * k + P * (P - 1) / 2))
