@@ -80,6 +80,31 @@ def test_single_copy_reads_where_the_node_allows_them(name):
         agree(not direct.program.fetches and not direct.program.node_size, "direct read peers")
 
 
+def test_a_node_without_single_copies_beside_nodes_with_them(monkeypatch):
+    """Where one node refuses single copies (its kernel forbids them; here
+    MLCOMM_SINGLE_COPY=0 on its ranks), hierarchical goes through the window there and by
+    single copies on the others, exactly."""
+    if ONE_NODE:
+        pytest.skip("one node")
+    if RANK in NODES[0]:
+        monkeypatch.setenv("MLCOMM_SINGLE_COPY", "0")
+    comm = COMM.Dup()
+    try:
+        s = session.get(comm)
+        window = s.window()
+        agree(not window.single_copy if RANK in NODES[0] else True, "node 0 reads its peers")
+        modes = comm.allgather(window.single_copy and len(s.node) > 1)
+        for count in (100_003,):
+            x = (np.arange(count, dtype=np.int64) * (RANK + 1)) % 1009
+            want = reference(COMM, x, "sum")
+            for inter in ("ring", "recursive_doubling"):
+                got = mlcomm.allreduce(x, comm=comm, algorithm="hierarchical", inter=inter)
+                agree(np.array_equal(got, want), f"{inter} count={count} single copy {modes}")
+            agree(np.array_equal(mlcomm.allreduce(x, comm=comm), want), f"auto {modes}")
+    finally:
+        comm.Free()
+
+
 def test_shared_memory_on_several_nodes_names_hierarchical():
     if ONE_NODE:
         pytest.skip("one node: shared_memory applies")
