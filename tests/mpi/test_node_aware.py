@@ -6,7 +6,6 @@ import zlib
 
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 import mlcomm
 from mlcomm import session
