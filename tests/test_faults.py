@@ -171,11 +171,13 @@ def test_a_window_that_cannot_be_allocated_says_what_to_do(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["shared_memory", "hierarchical"])
-def test_a_rank_killed_in_a_window_collective_ends_the_job(tmp_path, name):
-    """The others spin on window flags, sending no MPI message: the launcher still ends them."""
+@pytest.mark.parametrize("count", [1000, 100_000])  # through the window; by single copies
+def test_a_rank_killed_in_a_window_collective_ends_the_job(tmp_path, name, count):
+    """The others spin on window flags, sending no MPI message, or read a dead peer's
+    memory: the launcher still ends them."""
     proc, secs = _job(tmp_path, 3, f"""
         import signal
-        x = np.ones(1000)
+        x = np.ones({count})
         mlcomm.allreduce(x, algorithm="{name}")
         if rank == 1:
             os.kill(os.getpid(), signal.SIGKILL)
