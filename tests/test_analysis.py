@@ -424,7 +424,7 @@ def test_analyze_prints_the_notes_table(monkeypatch, tmp_path):
         assert line.split()[0] == name and line.split()[2:6] == ["0", "0", "0", "0"]
     window = [line for line in lines if line.startswith("# shared_memory: ")]
     assert len(window) == 1 and window[0].endswith(
-        "node syncs, 14n/8 read from peers' memory, window slots or buffers (busiest rank)")
+        "node syncs, 14n/8 read from peers' window slots or buffers (busiest rank)")
     assert max(map(len, lines)) <= 100
     assert "--format json or csv" in out
 

@@ -101,7 +101,7 @@ def format_analysis(rows) -> str:
         if r.get("max_rank_syncs"):
             window.append(f"# {r['algorithm']}: {r['max_rank_syncs']} node syncs, "
                           f"{in_n(r['max_rank_window_bytes'], n, p)} read from peers' "
-                          f"memory, window slots or buffers (busiest rank)")
+                          f"window slots or buffers (busiest rank)")
     return "\n".join(_align(list(_NOTES_COLUMNS), cells) + window)
 
 
