@@ -251,6 +251,8 @@ def test_bench_rejects_unknown_algorithm():
     (["-s", "8,1Q"], "not a size: '1Q'"),
     (["-n", "0"], "must be 1 or more"),
     (["--threads", "2"], "--threads goes with --kernels"),
+    (["-a", "ring", "--option", "servers=2"],
+     "--option servers: no algorithm of this run takes it (ring: segment_bytes)"),
 ])
 def test_bench_argument_errors_name_the_flag(argv, words):
     from mlcomm.cli import AgreedExit, main
@@ -259,6 +261,17 @@ def test_bench_argument_errors_name_the_flag(argv, words):
     with contextlib.redirect_stderr(err), pytest.raises(AgreedExit) as exc:
         main(["bench", *argv])
     assert exc.value.code == 2 and words in err.getvalue(), err.getvalue()
+
+
+def test_bench_options_go_to_the_algorithms_that_take_them_n2(tmp_path):
+    out = tmp_path / "r.json"
+    proc = mpirun(2, BENCH + ["-a", "shared_memory,ring", "-s", "64K", "-n", "2", "-w", "1",
+                              "-r", "1", "--check", "--option", "single_copy_bytes=1G",
+                              "--output", out], timeout=120)
+    given = {d["algorithm"]: d["options"] for d in json.loads(out.read_text())}
+    assert given == {"mpi": "", "shared_memory": "single_copy_bytes=1073741824", "ring": ""}
+    assert "# options: shared_memory single_copy_bytes=1073741824" in proc.stdout
+    assert "# check: 0 wrong elements OK" in proc.stdout
 
 
 def test_bench_baseline_is_said_in_the_table_n2():

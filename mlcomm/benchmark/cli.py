@@ -8,9 +8,10 @@ import os
 import sys
 import time
 
-from ..commands import (add_algorithms, add_dtype, add_format, add_op, add_output,
-                        add_progress, add_quick, add_sizes, non_negative_int, output_format,
-                        positive_int, show_progress, size, write_text)
+from ..commands import (add_algorithms, add_dtype, add_format, add_op, add_option,
+                        add_output, add_progress, add_quick, add_sizes, non_negative_int,
+                        options, output_format, positive_int, show_progress, size,
+                        write_text)
 from ..kernels import OPS
 
 __all__ = ["register", "run", "QUICK_SIZES", "add_sweep", "sweep_sizes"]
@@ -75,6 +76,7 @@ def register(subparsers):
                     "Run it under mpiexec; only rank 0 prints.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_algorithms(p, "algorithms to run besides the `mpi` baseline (default all)")
+    add_option(p)
     add_sweep(p)
     p.add_argument("-n", "--iters", type=positive_int, default=None,
                    help="timed calls per size (default: size-aware, 200 for small messages "
@@ -126,7 +128,7 @@ def _short(n):
 def _validate(args, parser) -> None:
     """Check the values together; store the parsed dtype(s) and sizes on ``args``."""
     from ..kernels import check_op
-    from .harness import parse_dtype, resolve_algorithms
+    from .harness import options_for, parse_dtype, resolve_algorithms
     try:
         args.dtypes = [parse_dtype(t.strip()) for t in args.dtype.split(",") if t.strip()]
     except TypeError as exc:
@@ -147,6 +149,7 @@ def _validate(args, parser) -> None:
     try:
         check_op(args.dtypes[0], args.op)
         args.algorithms = resolve_algorithms(args.algorithms)
+        args.options = options_for(args.algorithms, options(args))
         args.byte_sizes = sweep_sizes(args, args.dtypes[0].itemsize)
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
@@ -244,7 +247,7 @@ def run(args) -> int:
     cfg = BenchConfig(
         algorithms=args.algorithms, sizes=args.byte_sizes, dtype=args.dtypes[0], op=args.op,
         placements=placements, iters=args.iters, warmup=args.warmup, rounds=args.rounds,
-        quick=args.quick, check=args.check, device=args.device,
+        quick=args.quick, check=args.check, device=args.device, options=args.options,
         progress=show_progress(args), corrupt=os.environ.get("MLCOMM_BENCH_CORRUPT") or None)
     records = run_bench(cfg, comm)
     wrong = sum(r["wrong"] or 0 for r in records)

@@ -24,7 +24,7 @@ from . import rss as _rss
 __all__ = [
     "RECORD_KEYS", "EXTRA_KEYS", "BenchConfig",
     "parse_size", "format_size", "size_list", "parse_dtype", "default_iters",
-    "resolve_algorithms", "applicable", "run_bench", "interleaved", "peak_rss_mib", "corrupt",
+    "resolve_algorithms", "options_for", "applicable", "run_bench", "interleaved", "peak_rss_mib", "corrupt",
     "baseline_label",
 ]
 
@@ -33,8 +33,9 @@ RECORD_KEYS = ("algorithm", "ranks", "bytes", "count", "dtype", "op", "in_place"
                "time_us_avg", "time_us_min", "time_us_max", "algbw_gbps", "busbw_gbps",
                "ratio_to_mpi", "wrong")
 #: Extra keys: timed calls, interleaved rounds, device, peak resident memory (max over ranks),
-#: and what the ``mpi`` baseline timed (see :func:`baseline_label`).
-EXTRA_KEYS = ("iters", "rounds", "device", "peak_rss_mib", "baseline")
+#: what the ``mpi`` baseline timed (see :func:`baseline_label`), and the algorithm's
+#: ``--option`` pairs (``key=value,...``; empty without).
+EXTRA_KEYS = ("iters", "rounds", "device", "peak_rss_mib", "baseline", "options")
 
 BASELINE = "mpi"
 _MPI_OPS = {"sum": "SUM", "prod": "PROD", "min": "MIN", "max": "MAX", "avg": "SUM",
@@ -114,6 +115,21 @@ def resolve_algorithms(spec) -> list[str]:
     return [BASELINE] + [n for n in dict.fromkeys(names) if n != BASELINE]
 
 
+def options_for(algorithms, options: dict) -> dict:
+    """``{algorithm: its share of options}`` (``--option``): each algorithm gets the keys it
+    takes; a key that none of ``algorithms`` takes is a ValueError naming who takes what."""
+    from ..algorithms import COLLECTIVES
+    known = {name: COLLECTIVES["allreduce"][name].options for name in algorithms
+             if name in COLLECTIVES["allreduce"]}
+    for key in options:
+        if not any(key in opts for opts in known.values()):
+            takes = "; ".join(f"{n}: {', '.join(sorted(o))}" for n, o in known.items() if o)
+            raise ValueError(f"--option {key}: no algorithm of this run takes it "
+                             f"({takes or 'none takes options'})")
+    return {name: {k: v for k, v in options.items() if k in opts}
+            for name, opts in known.items() if any(k in opts for k in options)}
+
+
 @dataclass
 class BenchConfig:
     """What one ``mlcomm bench`` run sweeps."""
@@ -131,6 +147,7 @@ class BenchConfig:
     device: str = "cpu"
     progress: bool = True
     corrupt: str | None = None                       # test hook, see _corrupt_target
+    options: dict = field(default_factory=dict)      # algorithm -> its options (options_for)
 
 
 # --------------------------------------------------------------------------- data
@@ -319,16 +336,19 @@ def _corrupt_target(spec, algorithms):
     return others[0] if others else None
 
 
-def _timed_call(alg, comm, dev, send, recv, in_place, op, mdtype, mop, staged, hosts):
-    """The call being timed, bound once: ``mpi`` (MPI_Allreduce) or an mlcomm algorithm."""
+def _timed_call(alg, comm, dev, send, recv, in_place, op, mdtype, mop, staged, hosts,
+                options=None):
+    """The call being timed, bound once: ``mpi`` (MPI_Allreduce) or an mlcomm algorithm
+    (with ``options``)."""
     from mpi4py import MPI
 
     from ..api import allreduce
 
     if alg != BASELINE:
+        kw = dict(options or {}, comm=comm, algorithm=alg)
         if in_place:
-            return lambda: allreduce(MPI.IN_PLACE, recv, op, comm=comm, algorithm=alg)
-        return lambda: allreduce(send, recv, op, comm=comm, algorithm=alg)
+            return lambda: allreduce(MPI.IN_PLACE, recv, op, **kw)
+        return lambda: allreduce(send, recv, op, **kw)
     Allreduce = comm.Allreduce
     if staged:  # host MPI for device data: copy through the host, as mlcomm stages
         hs, hr = hosts
@@ -447,7 +467,8 @@ def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
             # -- per algorithm: check one untimed call on fresh data, warm up, peak memory
             for alg in cfg.algorithms:
                 call = calls[alg] = _timed_call(alg, comm, dev, send, recv, in_place, op,
-                                                mdtype, mop, staged, hosts)
+                                                mdtype, mop, staged, hosts,
+                                                cfg.options.get(alg))
                 _rss.reset_peak()  # this record's peak only, where the OS allows
                 wrongs[alg] = None
                 if cfg.check:
@@ -489,6 +510,8 @@ def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
                     "ratio_to_mpi": None, "wrong": wrongs[alg],
                     "iters": per_round * rounds, "rounds": rounds, "device": dev.name,
                     "peak_rss_mib": round(peaks[alg], 1), "baseline": baseline,
+                    "options": ",".join(f"{k}={v}" for k, v in
+                                        cfg.options.get(alg, {}).items()),
                 })
             base = times.get(BASELINE)
             for rec in records[-len(times):]:

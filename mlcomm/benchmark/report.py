@@ -60,6 +60,9 @@ def format_table(records, *, header: str | None = None, summary: bool = True) ->
             f"device {r0.get('device', 'cpu')}  check {'on' if checked else 'off'}"))
         if r0.get("baseline"):
             out.append(f"# baseline: mpi = {r0['baseline']}")
+        given = {r["algorithm"]: r["options"] for r in records if r.get("options")}
+        if given:
+            out.append("# options: " + "; ".join(f"{a} {o}" for a, o in given.items()))
         out.append("# time per call, per rank, reduced over ranks; algbw = bytes/avg; "
                    "busbw = algbw*2(p-1)/p; ratio = avg / mpi avg")
     out.append("#" + " ".join(f"{h:>{w}}" if i != 3 else f"{h:<{w}}"
