@@ -274,16 +274,18 @@ def _propose(collective, p, count, dtype, op, nodes, device, flat):
     choice, times, profile = explain(p, nbytes, itemsize=dtype.itemsize, nodes=nodes,
                                      candidates=names)
     _log_prediction(p, nbytes, choice, times, profile)
+    variants = lambda name: ((),) + tuple(VARIANTS.get(name, lambda _: ())(nbytes))
+    ranked = sorted(times, key=times.get)
     if profile.tuned_choice(p, nbytes) == choice:
-        return choice, None
+        if len(variants(choice)) == 1:
+            return choice, None
+        ranked = [choice]  # tune names the algorithm; which of its variants is timed here
     trial_bytes = min(nbytes, TRIAL_BYTES)
     scale = trial_bytes / nbytes if nbytes else 1.0
-    ranked = sorted(times, key=times.get)
     low, high = TRIAL_CALLS
     calls = lambda name: int(min(high, max(low, TRIAL_BLOCK_SECONDS
                                            // max(times[name] * scale, 1e-9))))
-    return None, [(name, options, calls(name)) for name in ranked
-                  for options in ((),) + tuple(VARIANTS.get(name, lambda _: ())(nbytes))]
+    return None, [(name, options, calls(name)) for name in ranked for options in variants(name)]
 
 
 def _trial(session, trial, count, dtype, op) -> tuple:

@@ -363,6 +363,27 @@ def test_tuned_choices_win_over_the_model_for_their_rank_count(tmp_path, monkeyp
     assert "profile: built-in defaults: alpha=" in _cli("explain", "--ranks", 5, "--sizes", "1M")
 
 
+def test_a_tuned_choice_with_variants_has_them_timed(tmp_path, monkeypatch):
+    """tune names an algorithm; where that algorithm has variants (shared_memory by single
+    copy or through the window, which wins depending on the machine), the first call of a
+    band times those alone; elsewhere the tuned name stands untimed."""
+    import numpy as np
+    from mlcomm.profile import save_profile
+    from mlcomm.select import WINDOW_ONLY, _propose
+    table = [[8, "shared_memory"], [1 << 20, "shared_memory"], [16 << 20, "ring"]]
+    monkeypatch.setenv("MLCOMM_PROFILE", str(save_profile(Profile(tuned={"2": table}),
+                                                          tmp_path / "p.json")))
+    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
+    f32 = np.dtype(np.float32)
+    propose = lambda nbytes: _propose("allreduce", 2, nbytes // 4, f32, "sum", ((0, 1),),
+                                      False, False)
+    assert propose(8) == ("shared_memory", None)
+    choice, trial = propose(1 << 20)
+    assert choice is None and [t[:2] for t in trial] == [("shared_memory", ()),
+                                                         ("shared_memory", WINDOW_ONLY)]
+    assert propose(16 << 20) == ("ring", None)
+
+
 def test_calibrate_profile_auto_end_to_end(tmp_path):
     path = tmp_path / "profile.json"
     env = {"MLCOMM_PROFILE": str(path)}
