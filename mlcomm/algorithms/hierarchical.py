@@ -22,8 +22,9 @@ from ..schedule import INPUT, OUTPUT, SCRATCH, Copy, Recv, Reduce, Region, Send,
     chunk_bounds, slot
 from ._common import elements
 from ._registry import COLLECTIVES, register
-from .shared_memory import COPY, DEFAULT_SLOT_BYTES, SINGLE_COPY_BYTES, Barriers, exchange, \
-    node_of, read_steps, reduce_as_posted, reduce_from_peers, write_to_peers
+from .shared_memory import COPY, DEFAULT_SLOT_BYTES, SINGLE_COPY_BYTES, Barriers, \
+    await_addresses, exchange, node_of, read_steps, reduce_as_posted, reduce_from_peers, \
+    write_to_peers
 
 __all__ = ["build", "cost", "embed", "INTRA", "PART_BYTES"]
 
@@ -81,9 +82,10 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
     part = lambda j, at=0, n=None: Region(OUTPUT, pb[j] + at,
                                           pb[j + 1] - pb[j] - at if n is None else n)
     mine = [j for j in range(parts) if j % L == local]
-    copies = intra == "shared_memory" and L > 1 and single_copy and \
+    shared = intra == "shared_memory" and L > 1
+    copies = shared and single_copy and \
         count * itemsize >= elements("single_copy_bytes", single_copy_bytes, 1)
-    window = intra == "shared_memory" and L > 1 and not copies
+    window = shared and not copies
     tl = Timeline(rank, size)
     if count == 0:
         return tl.schedule(count, count)
@@ -95,10 +97,7 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
     if copies:  # on one node, each reduced chunk goes straight on to the peers' outputs
         sync = Barriers(tl, node)
         sync.begin(0)
-        data = sync.post(1)  # this rank's buffers' addresses
-        for q in node:
-            sync.wait(2, q, data)
-        t = 2
+        t = start = await_addresses(sync)
         for j in mine:
             t = reduce_from_peers(tl, t, node, rank, pb[j], pb[j + 1], itemsize, len(nodes) == 1)
     elif window:
@@ -151,7 +150,7 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
                 t += 1
         # every output whole, and no peer touches this rank's buffers after it; on one node
         # in shared_memory's step, which makes the two schedules one (timed once by auto)
-        sync.barrier(t if len(nodes) > 1 else max(t, 2 + read_steps(pb, itemsize)))
+        sync.barrier(t if len(nodes) > 1 else max(t, start + read_steps(pb, itemsize)))
     elif window:
         def publish(t, c, base, at):
             for j in mine:

@@ -23,7 +23,7 @@ from ._common import elements
 from ._registry import register
 
 __all__ = ["build", "cost", "node_of", "Barriers", "exchange", "reduce_as_posted",
-           "reduce_from_peers", "write_to_peers", "read_steps",
+           "await_addresses", "reduce_from_peers", "write_to_peers", "read_steps",
            "SMALL_BYTES", "CHUNK_BYTES", "SINGLE_COPY_BYTES", "READ_CHUNK_BYTES", "COPY",
            "DEFAULT_SLOT_BYTES"]
 
@@ -187,17 +187,24 @@ def read_steps(bounds, itemsize) -> int:
                for j in range(len(bounds) - 1))
 
 
+def await_addresses(sync) -> int:
+    """Publish this rank's buffers' addresses (post 1) and await every peer's; returns the
+    first step that may read or write a peer's buffers."""
+    data = sync.post(1)
+    for q in sync.node:
+        sync.wait(2, q, data)
+    return 2
+
+
 def by_single_copy(tl, sync, node, rank, count, itemsize):
     """Reduce-scatter by reading this rank's part of every peer's input and all-gather by
     writing each reduced chunk into every peer's output (:func:`reduce_from_peers`); then a
     barrier, after which every output is whole and no peer touches this rank's buffers."""
     parts = chunk_bounds(count, len(node))
     local = node.index(rank)
-    data = sync.post(1)  # this rank's buffers' addresses
-    for q in node:
-        sync.wait(2, q, data)
-    reduce_from_peers(tl, 2, node, rank, parts[local], parts[local + 1], itemsize, True)
-    sync.barrier(2 + read_steps(parts, itemsize))
+    t = await_addresses(sync)
+    reduce_from_peers(tl, t, node, rank, parts[local], parts[local + 1], itemsize, True)
+    sync.barrier(t + read_steps(parts, itemsize))
 
 
 def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES,

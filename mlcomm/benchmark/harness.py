@@ -24,8 +24,8 @@ from . import rss as _rss
 __all__ = [
     "RECORD_KEYS", "EXTRA_KEYS", "BenchConfig",
     "parse_size", "format_size", "size_list", "parse_dtype", "default_iters",
-    "resolve_algorithms", "options_for", "applicable", "run_bench", "interleaved", "peak_rss_mib", "corrupt",
-    "baseline_label",
+    "resolve_algorithms", "options_for", "applicable", "run_bench", "interleaved",
+    "peak_rss_mib", "corrupt", "baseline_label",
 ]
 
 #: The keys every JSON record carries, in column order.
