@@ -26,6 +26,7 @@ from .device import DeviceVector
 from .frame import DONE, F_PC, FAULTED, STALLED, Frame, compiled_supports, op_code
 from .loop import HostMemory, PythonLoop, compiled_loop
 from .program import INPUT, OUTPUT, SCRATCH, SLOTS
+from .schedule import TURN_BYTES
 from .transport.mpi import PointToPoint, abort_job
 from .transport.peer import PeerCopies
 from .transport.shm import NodeSync
@@ -116,10 +117,14 @@ class Binding:
                 raise TypeError(f"{plan.algorithm} runs on host buffers (the node's shared "
                                 f"window); pass host arrays, or a flat algorithm such as "
                                 f"'ring' for device arrays")
-            if window is None or program.slot_bytes > window.slot_bytes:
+            room = 0 if window is None else TURN_BYTES if program.turns else window.slot_bytes
+            if window is None or program.slot_bytes > room:
                 raise ValueError(f"{plan.describe()} needs {program.slot_bytes} bytes of the "
-                                 f"node window per rank; the window has "
-                                 f"{0 if window is None else window.slot_bytes}")
+                                 f"node window per rank; the window has {room}")
+            if program.turns and any(t.buffer >= SLOTS for t in program.transfers
+                                     + program.fetches):
+                raise ValueError(f"{plan.describe()}: a program with turns may touch its "
+                                 f"slots only by copies and reductions")
         if scratch is None:
             scratch = out.empty(program.counts[2]) if device else \
                 np.empty(program.counts[2], out.dtype)
@@ -131,7 +136,11 @@ class Binding:
             message = lambda t: buffers[t.buffer].bytes()[t.offset:t.offset + t.nbytes]
             slots, addresses = [], [0, 0]
         else:
-            slots = window.slots[:program.node_size] if program.node_size else []
+            # a program with turns runs on the turn areas, the other set every other run
+            turns = window.turns if program.turns else [window.slots] if program.node_size \
+                else [[]]
+            slot_sets = [areas[:program.node_size] for areas in turns]
+            slots = slot_sets[0]
             addresses = [_address(inp), _address(out), _address(scratch), *slots]
             message = lambda t: (ctypes.c_char * t.nbytes).from_address(
                 addresses[t.buffer] + t.offset)
@@ -146,48 +155,60 @@ class Binding:
                 raise ValueError(f"{plan.describe()} reads its node peers' memory, which this "
                                  f"node does not allow: {window.single_copy_error}")
             self.transports.append(PeerCopies(window, program.fetches, addresses, node))
-        self.frame = None
-        run = self._compiled(inp, out, scratch, slots, window) if not device else None
-        if run is None:
-            if device:
-                memory = DeviceMemory(buffers, plan.dtype, plan.op)
-            else:
-                views = [_alias(_address(a), a.nbytes, a.dtype) for a in (inp, out, scratch)]
-                views += [_alias(a, window.slot_bytes, plan.dtype) for a in slots]
-                memory = HostMemory(views, plan.dtype, plan.op)
-            run = PythonLoop(program, memory, self.transports, settings.stall_seconds,
-                             settings.yield_mask)
-        self.loop = run
+        if device:
+            self.frames = [None]
+            runs = [PythonLoop(program, DeviceMemory(buffers, plan.dtype, plan.op),
+                               self.transports, settings.stall_seconds, settings.yield_mask)]
+        else:
+            nbytes = TURN_BYTES if program.turns else window.slot_bytes if slots else 0
+            self.frames, runs = [], []
+            for areas in slot_sets:
+                frame, run = self._compiled(inp, out, scratch, areas, nbytes)
+                if run is None:
+                    views = [_alias(_address(a), a.nbytes, a.dtype) for a in (inp, out, scratch)]
+                    views += [_alias(a, nbytes, plan.dtype) for a in areas]
+                    run = PythonLoop(program, HostMemory(views, plan.dtype, plan.op),
+                                     self.transports, settings.stall_seconds, settings.yield_mask)
+                self.frames.append(frame)
+                runs.append(run)
+        self.window = window if program.turns else None
+        self.loop = runs[0] if len(runs) == 1 else _in_turn(runs, window)
+        self._runs = runs
         self.live = True
         self.busy = 0  # started non-blocking calls that will run this binding
 
-    def _compiled(self, inp, out, scratch, slots, window):
-        """The compiled loop for host arrays, or None where it does not apply: Numba or the
-        MPI symbols missing, a dtype/op it has no loop for, partly overlapping op operands,
+    def _compiled(self, inp, out, scratch, slots, slot_bytes):
+        """``(frame, run)`` of the compiled loop for host arrays on window ``slots`` of
+        ``slot_bytes`` each, or ``(None, None)`` where it does not apply: Numba or the MPI
+        symbols missing, a dtype/op it has no loop for, partly overlapping op operands,
         misaligned arrays, or reductions large enough for the parallel kernels."""
         from .kernels.numba_backend import kernel_dtype, num_threads
         plan, settings = self.plan, self.settings
         if not settings.compiled or any(t.compiled is None for t in self.transports):
-            return None
+            return None, None
         if not compiled_supports(plan.dtype, plan.op) or plan.program.partial_overlap:
-            return None
+            return None, None
         if not all(a.flags.aligned for a in (inp, out)):
-            return None
+            return None, None
         if plan.program.largest_reduce >= kernels.NUMBA_MIN_BYTES and num_threads() > 1:
-            return None
+            return None, None
         kdt = kernel_dtype(plan.dtype, plan.op)
         frame = Frame(plan.program, op_code(plan.dtype, plan.op), kdt.itemsize,
                       settings.stall_seconds, settings.yield_mask, 3 + len(slots))
         for index, a in enumerate((inp, out, scratch)):
             frame.set_buffer(index, _address(a), a.nbytes)
         for j, address in enumerate(slots):
-            frame.set_buffer(SLOTS + j, address, window.slot_bytes)
+            frame.set_buffer(SLOTS + j, address, slot_bytes)
         for index, transport in enumerate(self.transports):
             frame.set_transport(index, transport.compiled)
         run = compiled_loop(frame, kdt)
-        if run is not None:
-            self.frame = frame
-        return run
+        return (None, None) if run is None else (frame, run)
+
+    @property
+    def frame(self):
+        """The compiled loop's frame of the run in progress or next, None for the Python
+        loop."""
+        return self.frames[self.window.turn if self.window is not None else 0]
 
     @property
     def compiled(self) -> bool:
@@ -222,12 +243,16 @@ class Binding:
             self._set_stall(self.settings.stall_seconds)
         if code == FAULTED:
             faulted = self.frame.faulted_transport if self.frame is not None else \
-                self.loop.faulted_transport
+                self._run().faulted_transport
             abort_job(f"mlcomm: {what} on rank {self.settings.rank}: "
                       f"{self.transports[faulted].fault()}. "
                       f"The ranks called it with different counts, dtypes or algorithms: "
                       f"pass validate=True (or set MLCOMM_VALIDATE=1) to compare the calls "
                       f"across ranks")
+
+    def _run(self):
+        """The loop of the run in progress or next."""
+        return self._runs[self.window.turn if self.window is not None else 0]
 
     def _waiting(self):
         """``(transport, first, n)`` of the WAIT the loop stopped at."""
@@ -235,20 +260,33 @@ class Binding:
             pc = int(self.frame.words[F_PC])
             row = self.plan.program.instructions[pc]
         else:
-            row = (0, *self.loop.steps[self.loop.pc][1])
+            loop = self._run()
+            row = (0, *loop.steps[loop.pc][1])
         return int(row[1]), int(row[2]), int(row[3])
 
     def _set_stall(self, seconds):
-        if self.frame is not None:
-            self.frame.stall_ns = int(seconds * 1e9)
-        else:
-            self.loop.stall_seconds = seconds
+        for frame, run in zip(self.frames, self._runs):
+            if frame is not None:
+                frame.stall_ns = int(seconds * 1e9)
+            else:
+                run.stall_seconds = seconds
 
     def free(self) -> None:
         if self.live:
             for transport in self.transports:
                 transport.free()
             self.live = False
+
+
+def _in_turn(runs, window):
+    """One call running ``runs[window.turn]`` (a program with turns, bound to each set of
+    turn areas); a run that ends, not one that stalls, passes the turn on."""
+    def run():
+        code = runs[window.turn]()
+        if code != STALLED:
+            window.turn ^= 1
+        return code
+    return run
 
 
 def buffer_key(inp, out) -> tuple:

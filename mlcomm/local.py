@@ -12,7 +12,9 @@ ranks of its node read. Posts and awaits order those accesses; vector clocks che
 every one whatever the interleaving: a read of a slot element whose write no await has
 made visible, an overwrite of an element a peer may still be reading, a slot written
 before the first step's awaits, a window read after the rank's last post, unequal post
-counts within a node, or a slot of another node are all errors. Reads of a node peer's
+counts within a node, or a slot of another node are all errors. A schedule with ``turns``
+(its slots are the window's turn areas) may write its slot once it has awaited itself with
+count 0, and must await a post of every other rank of its node. Reads of a node peer's
 input or output (``input@R``, ``output@R``) are checked alike: what they read must be the
 peer's input untouched or its output written and made visible, after an await of one of
 the peer's posts in the collective (which publishes its buffers' addresses), the peer must not overwrite
@@ -66,6 +68,7 @@ class _Rank:
         self.clock = np.full(p, -1)  # vector clock: the step of each rank seen through awaits
         self.posts = []  # the clock published by each post
         self.guarded = set()  # ranks awaited with count 0
+        self.seen = set()  # ranks one of whose posts in this collective was awaited
         self.last_window_read = -1
         self.ranks = None  # every rank, for reads of a peer's buffers
         self.out_step = np.full(schedule.output_count, -1)  # the step of each output write
@@ -213,7 +216,10 @@ class _Rank:
         if owner is not None:
             slot, me = self.slots[owner], self.schedule.rank
             peers = [q for q in self.schedule.node if q != me]
-            if not self.guarded >= set(peers):
+            if self.schedule.turns and me not in self.guarded:
+                raise ScheduleError(f"{self.where(region)}: writes its turn area before its "
+                                    f"first step's Await({me}, 0)")
+            if not self.schedule.turns and not self.guarded >= set(peers):
                 raise ScheduleError(f"{self.where(region)}: writes the slot before awaiting "
                                     f"every node rank's previous collective (Await(q, 0))")
             for q in peers:
@@ -294,6 +300,7 @@ def run_local(schedules, inputs, reduce=np.add, in_place=False):
     def see(rank, peer, count):
         """An await completed: what ``peer`` published with its post is visible now."""
         np.maximum(rank.clock, ranks[peer].posts[count - 1], out=rank.clock)
+        rank.seen.add(peer)
 
     def post(r):
         rank = ranks[r]
@@ -398,6 +405,11 @@ def run_local(schedules, inputs, reduce=np.add, in_place=False):
                 raise ScheduleError(f"rank {k.schedule.rank} ends its collective before an "
                                     f"await has shown it rank {w}'s write of its "
                                     f"output[{lo}:{hi}]")
+        unseen = set(node) - k.seen - {k.schedule.rank}
+        if k.schedule.turns and unseen:
+            raise ScheduleError(f"rank {k.schedule.rank} takes a turn without awaiting a "
+                                f"post of ranks {sorted(unseen)}: two turns on, it could "
+                                f"overwrite its turn area while they read it")
         if k.last_window_read >= 0 and k.last_window_read >= getattr(k, "last_post", -1):
             raise ScheduleError(f"rank {k.schedule.rank} reads the window at step "
                                 f"{k.last_window_read} after its last post: the next "

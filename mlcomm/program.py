@@ -113,6 +113,8 @@ class Program:
     slot_bytes: int = 0
     #: every single-copy read, in the order START/WAIT ranges on :data:`PEER` index them
     fetches: tuple = ()
+    #: the slots are the window's turn areas (``mlcomm.schedule.Schedule.turns``)
+    turns: bool = False
 
     @property
     def instructions(self) -> np.ndarray:
@@ -224,7 +226,7 @@ def lower(schedule: Schedule, itemsize: int, alias: int | None = None) -> Progra
     counts = (schedule.input_count, schedule.output_count, schedule.scratch_count)
     return Program(words, tuple(transfers), itemsize, counts, alias, partial, largest,
                    tuple(syncs), len(schedule.node), schedule.slot_count * itemsize,
-                   tuple(fetches))
+                   tuple(fetches), schedule.turns)
 
 
 def _meet(a, b) -> bool:

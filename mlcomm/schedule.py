@@ -15,6 +15,13 @@ steps before it; ``Await(peer, k)`` completes once ``peer`` has made k posts in 
 collective. ``Await(peer, 0)`` waits until ``peer`` has finished the previous
 collective on the window; a schedule's first step awaits every rank of the node so
 (itself included), and its last post comes after its last read of the window.
+
+A schedule with ``turns`` finds its slots in the window's turn areas instead: each rank
+has two of :data:`TURN_BYTES`, and the node's collectives with ``turns`` take them in turn
+(the first, the second, the first, ...). Its first step awaits only itself with count 0;
+it must await a post of every other rank of its node. So when it writes a turn area, the
+last collective that used that area is two turns back, and every rank finished reading it
+before the post that the turn between awaited: the write needs no wait.
 """
 
 from __future__ import annotations
@@ -25,10 +32,12 @@ from typing import NamedTuple
 __all__ = [
     "INPUT", "OUTPUT", "SCRATCH", "BUFFERS", "slot", "slot_owner", "peer", "peer_of", "owner",
     "Region", "Send", "Recv", "Post", "Await", "Reduce", "Copy", "Step", "Schedule",
-    "Timeline", "chunk_bounds",
+    "Timeline", "chunk_bounds", "TURN_BYTES",
 ]
 
 INPUT, OUTPUT, SCRATCH = "input", "output", "scratch"
+#: bytes of each of a rank's two turn areas of the node window (see ``Schedule.turns``)
+TURN_BYTES = 16 << 10
 BUFFERS = (INPUT, OUTPUT, SCRATCH)
 _SLOT = "slot:"
 
@@ -150,6 +159,8 @@ class Schedule:
     node: tuple = ()
     #: elements of this rank's window slot the schedule uses
     slot_count: int = 0
+    #: the slots are the window's turn areas, taken in turn (see the module docstring)
+    turns: bool = False
 
     def transfers(self):
         """Yield ``(step_index, transfer)`` for every transfer."""
@@ -172,6 +183,7 @@ class Timeline:
         self.scratch = 0
         self.node: tuple = ()
         self.slot = 0
+        self.turns = False
         self.now = 0
 
     def _slot(self, t: int) -> Step:
@@ -213,7 +225,7 @@ class Timeline:
         steps = [self.slots[t] for t in sorted(self.slots)
                  if self.slots[t].transfers or self.slots[t].ops]
         return Schedule(self.rank, self.size, input_count, output_count,
-                        self.scratch, steps, self.node, self.slot)
+                        self.scratch, steps, self.node, self.slot, self.turns)
 
 
 def chunk_bounds(count: int, parts: int) -> list[int]:

@@ -2,13 +2,14 @@
 
 import copy
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from mlcomm.algorithms import ALGORITHMS, COLLECTIVES, build_schedules
 from mlcomm.algorithms._pieces import binary_tree
 from mlcomm.local import ScheduleError, check_collective
-from mlcomm.schedule import Recv
+from mlcomm.schedule import TURN_BYTES, Recv
 
 HAND_WRITTEN = sorted(name for name, a in ALGORITHMS.items() if a.build is not None)
 FLAT = [name for name in HAND_WRITTEN if not ALGORITHMS[name].context]
@@ -167,8 +168,21 @@ def test_the_local_executor_finds_window_races():
     with pytest.raises(ScheduleError, match="before an await has made its write visible"):
         check_collective(_schedules_without("shared_memory", 3, 10,
                                             lambda i, t: isinstance(t, Await) and t.count == 1))
-    # no wait for the previous collective: a slot is written before the guard
+    # no wait for the previous collective: a slot is written before the guard (a vector
+    # larger than a turn area, written once and read by all)
+    big = TURN_BYTES // 8 + 1
+    schedules = build_schedules("shared_memory", 3, big, small_bytes=2 * TURN_BYTES)
+    assert not schedules[0].turns
+    check_collective(schedules)
     with pytest.raises(ScheduleError, match="before awaiting every node rank's previous"):
+        for s in schedules:
+            s.steps = [type(st)([t for t in st.transfers
+                                 if not (isinstance(t, Await) and t.count == 0)], st.ops)
+                       for st in s.steps]
+        check_collective(schedules)
+    # a turn area is written only after the rank's own Await(self, 0), which takes its base
+    assert build_schedules("shared_memory", 3, 10)[0].turns
+    with pytest.raises(ScheduleError, match="before its first step's Await"):
         check_collective(_schedules_without("shared_memory", 3, 10,
                                             lambda i, t: isinstance(t, Await) and t.count == 0))
     # no last post: the window is read after this rank's last post
@@ -186,6 +200,25 @@ def test_the_local_executor_finds_window_races():
                                  if not (isinstance(t, Await) and t.count % 2 == 0 and t.count)],
                                 st.ops) for st in s.steps]
         check_collective(schedules)
+
+
+def test_a_turn_must_await_every_peer():
+    """A collective with turns writes its turn area without waiting for the previous one's
+    readers; it is safe only if each rank awaits a post of every peer in each turn."""
+    from mlcomm.local import run_local
+    from mlcomm.schedule import Await, Copy, Post, Region, Schedule, Step, slot
+
+    def schedule(rank, reads):
+        steps = [Step([Await(rank, 0)], [Copy(Region(slot(rank), 0, 1), Region("input", 0, 1))]),
+                 Step([Post(1)] + [Await(q, 1) for q in reads],
+                      [Copy(Region("output", 0, 1), Region(slot(q), 0, 1)) for q in reads]),
+                 Step([Post(2)])]
+        return Schedule(rank, 2, 1, 1, 0, steps, (0, 1), 1, True)
+
+    x = [np.ones(1), np.ones(1)]
+    run_local([schedule(0, [0, 1]), schedule(1, [0, 1])], x)
+    with pytest.raises(ScheduleError, match=r"without awaiting a post of ranks \[1\]"):
+        run_local([schedule(0, [0]), schedule(1, [0, 1])], x)
 
 
 def test_shared_memory_refuses_more_than_one_node():
@@ -268,7 +301,6 @@ def _peer_write_schedules(case, in_place=False):
     """Two ranks of one node publish their addresses (post 1), await each other's and end
     with a barrier (post 2); rank 0 writes the first half of rank 1's output, rank 1 the
     rest; ``case`` adds one mistake."""
-    import numpy as np
     from mlcomm.local import run_local
     from mlcomm.schedule import INPUT, OUTPUT, SCRATCH, Region, Timeline, peer
     schedules = []

@@ -2,7 +2,9 @@
 
 Small vectors are written once and read by all: each rank copies its vector into its slot,
 one node barrier, then every rank reduces every slot in local-rank order (so every rank
-gets the same bits). Larger vectors go in chunks of at most half a slot: each chunk is
+gets the same bits). Up to :data:`mlcomm.schedule.TURN_BYTES` the slot is one of the
+window's two turn areas, taken in turn, so a rank writes it without waiting for its peers
+to finish reading the previous collective (``Schedule.turns``). Larger vectors go in chunks of at most half a slot: each chunk is
 reduce-scattered (local rank j reduces part j of every slot into its slot's result area)
 and all-gathered (every rank copies every part from its owner's result area), two
 barriers a chunk, the next chunk's copy into the other half of the slot overlapping this
@@ -18,7 +20,8 @@ slot again.
 
 from __future__ import annotations
 
-from ..schedule import INPUT, OUTPUT, SCRATCH, Region, Timeline, chunk_bounds, peer, slot
+from ..schedule import (INPUT, OUTPUT, SCRATCH, TURN_BYTES, Region, Timeline, chunk_bounds,
+                        peer, slot)
 from ._common import elements
 from ._registry import register
 
@@ -231,11 +234,18 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
     local = node.index(rank)
     slot_elems = elements("slot_bytes", slot_bytes, itemsize)
     sync = Barriers(tl, node)
-    sync.begin(0)
-    if single_copy and count * itemsize >= elements("single_copy_bytes", single_copy_bytes, 1):
+    nbytes = count * itemsize
+    if single_copy and nbytes >= elements("single_copy_bytes", single_copy_bytes, 1):
+        sync.begin(0)
         by_single_copy(tl, sync, node, rank, count, itemsize)
         return tl.schedule(count, count)
-    if count * itemsize <= elements("small_bytes", small_bytes, 1) and count <= slot_elems:
+    small = nbytes <= elements("small_bytes", small_bytes, 1) and count <= slot_elems
+    if small and nbytes <= TURN_BYTES:  # no wait for the previous collective's reads
+        tl.turns = True
+        tl.wait(0, rank, 0)
+    else:
+        sync.begin(0)
+    if small:
         tl.need_slot(count)
         tl.copy(0, Region(slot(rank), 0, count), mine)
         posted = sync.post(1)

@@ -3,8 +3,10 @@
 :class:`NodeWindow` is one ``MPI_Win_allocate_shared`` window per node communicator: every
 rank's segment holds its flag (a 64-bit counter in a cache line of its own), the addresses
 of its current call's input and output (on the next cache line, for peers' single-copy
-reads, :mod:`mlcomm.transport.peer`) and its slot, which the rank writes and every rank of
-the node reads in place. Programs read and write
+reads, :mod:`mlcomm.transport.peer`), its slot, which the rank writes and every rank of
+the node reads in place, and its two turn areas (:data:`mlcomm.schedule.TURN_BYTES` each),
+the slot of a program with ``turns``, which alternate from one such program's run to the
+next. Programs read and write
 slots with plain copies and reductions (the slots are buffers of the binding);
 :class:`NodeSync` is the transport of their node synchronisations (:class:`mlcomm.program.
 Sync`):
@@ -26,6 +28,7 @@ from mpi4py import MPI
 from numba import carray
 
 from ..cabi import i64_array_at, load_acquire, store_release
+from ..schedule import TURN_BYTES
 from . import Transport, compile_calls
 
 __all__ = ["NodeWindow", "NodeSync", "WindowError", "CONTROL_BYTES", "ADDRESSES"]
@@ -52,7 +55,9 @@ class NodeWindow:
 
     def __init__(self, node, slot_bytes: int):
         self.node, self.slot_bytes = node, slot_bytes
-        size = 2 * CONTROL_BYTES + slot_bytes  # room to align the flag and the slot
+        area = -(-slot_bytes // CONTROL_BYTES) * CONTROL_BYTES  # the turn areas' alignment
+        # room to align the flag and the slot, then the two turn areas
+        size = 2 * CONTROL_BYTES + area + 2 * TURN_BYTES
         win, error = None, None
         try:
             win = MPI.Win.Allocate_shared(size, 1, comm=node)
@@ -77,6 +82,10 @@ class NodeWindow:
         align = lambda a: -(-a // CONTROL_BYTES) * CONTROL_BYTES
         self.flags = [align(a) for a in self.segments]
         self.slots = [f + CONTROL_BYTES for f in self.flags]
+        #: each local rank's two turn areas (``turns[t][j]``), and the one the node's next
+        #: collective with turns uses (every rank of the node runs the same collectives)
+        self.turns = [[s + area + t * TURN_BYTES for s in self.slots] for t in (0, 1)]
+        self.turn = 0
         win.Fence()  # the zeroed flags are visible to every rank before any post
         from .peer import probe
         self.pids, self.single_copy_error = probe(node)

@@ -152,3 +152,46 @@ def test_the_other_collectives_through_the_window(count):
         got = mlcomm.reduce(mine, root=root, **kw)
         agree(RANK != root or np.array_equal(got, np.full(count, P * (P - 1) // 2)),
               f"reduce root {root}")
+
+
+def test_small_calls_back_to_back_take_turns():
+    """Small shared_memory all-reduces write a turn area without waiting for the previous
+    call's readers; back to back, of varying sizes, with ranks delayed at random and the
+    window's other calls (chunks, bcast, a persistent handle, non-blocking calls) between
+    them, every result is exact."""
+    if not ONE_NODE:
+        pytest.skip("shared_memory needs one node")
+    import random
+    import time
+    rng = random.Random(RANK)
+    kw = {"algorithm": "shared_memory"}
+    held = np.zeros(7, np.int64)
+    handle = mlcomm.allreduce_init(mlcomm.IN_PLACE, held, **kw)
+    wrong = []
+    for it in range(300):
+        count = 1 + (it * 37) % 2000  # up to 16000 B: a turn area
+        x = np.arange(count, dtype=np.int64) * (RANK + 1) + it
+        want = np.arange(count, dtype=np.int64) * (P * (P + 1) // 2) + P * it
+        if rng.random() < 0.3:
+            time.sleep(rng.random() * 1e-4)
+        if not np.array_equal(mlcomm.allreduce(x, **kw), want):
+            wrong.append(("allreduce", it, count))
+        if it % 7 == 3:
+            big = np.full(5000, RANK + it, np.int64)  # 40 KB: the slot, in chunks
+            if not np.all(mlcomm.allreduce(big, **kw) == P * (P - 1) // 2 + P * it):
+                wrong.append(("chunks", it))
+            buf = np.full(100, it if RANK == it % P else -1, np.int64)
+            mlcomm.bcast(buf, it % P, **kw)
+            if not np.all(buf == it):
+                wrong.append(("bcast", it))
+        if it % 11 == 5:
+            held[...] = RANK + it
+            handle()
+            if not np.all(held == P * (P - 1) // 2 + P * it):
+                wrong.append(("persistent", it))
+            requests = [mlcomm.iallreduce(np.full(k + 1, RANK * k + it, np.int64), **kw)
+                        for k in range(3)]
+            if not all(np.all(r.wait() == k * P * (P - 1) // 2 + P * it)
+                       for k, r in enumerate(requests)):
+                wrong.append(("nonblocking", it))
+    agree(not wrong, f"wrong results: {wrong[:5]}")
