@@ -323,8 +323,9 @@ def cost(p, nbytes, alpha, beta, gamma, nodes=None, slot_bytes=DEFAULT_SLOT_BYTE
     sync = alpha / 4
     if single_copy and nbytes >= single_copy_bytes:
         return 2 * sync + (p - 1) / p * nbytes * (2 * copy + gamma)
-    if nbytes <= small_bytes:
-        return 2 * sync + nbytes * copy + (p - 1) * nbytes * gamma
+    if nbytes <= small_bytes:  # a turn has no wait for the previous collective
+        return (1 if nbytes <= TURN_BYTES else 2) * sync + nbytes * copy + \
+            (p - 1) * nbytes * gamma
     chunk = max(1, min(slot_bytes // 2 * p // (p + 1), chunk_bytes or CHUNK_BYTES))
     chunks = -(-nbytes // chunk)
     return 2 * chunks * sync + 2 * nbytes * copy + (p - 1) / p * nbytes * gamma
