@@ -160,13 +160,13 @@ class Binding:
             runs = [PythonLoop(program, DeviceMemory(buffers, plan.dtype, plan.op),
                                self.transports, settings.stall_seconds, settings.yield_mask)]
         else:
-            nbytes = TURN_BYTES if program.turns else window.slot_bytes if slots else 0
+            area_bytes = TURN_BYTES if program.turns else window.slot_bytes if slots else 0
             self.frames, runs = [], []
             for areas in slot_sets:
-                frame, run = self._compiled(inp, out, scratch, areas, nbytes)
+                frame, run = self._compiled(inp, out, scratch, areas, area_bytes)
                 if run is None:
                     views = [_alias(_address(a), a.nbytes, a.dtype) for a in (inp, out, scratch)]
-                    views += [_alias(a, nbytes, plan.dtype) for a in areas]
+                    views += [_alias(a, area_bytes, plan.dtype) for a in areas]
                     run = PythonLoop(program, HostMemory(views, plan.dtype, plan.op),
                                      self.transports, settings.stall_seconds, settings.yield_mask)
                 self.frames.append(frame)
@@ -204,11 +204,16 @@ class Binding:
         run = compiled_loop(frame, kdt)
         return (None, None) if run is None else (frame, run)
 
+    def _turn(self) -> int:
+        """Which of the binding's runs is in progress or next (a program with turns has one
+        per set of turn areas)."""
+        return self.window.turn if self.window is not None else 0
+
     @property
     def frame(self):
         """The compiled loop's frame of the run in progress or next, None for the Python
         loop."""
-        return self.frames[self.window.turn if self.window is not None else 0]
+        return self.frames[self._turn()]
 
     @property
     def compiled(self) -> bool:
@@ -252,7 +257,7 @@ class Binding:
 
     def _run(self):
         """The loop of the run in progress or next."""
-        return self._runs[self.window.turn if self.window is not None else 0]
+        return self._runs[self._turn()]
 
     def _waiting(self):
         """``(transport, first, n)`` of the WAIT the loop stopped at."""
@@ -280,10 +285,11 @@ class Binding:
 
 def _in_turn(runs, window):
     """One call running ``runs[window.turn]`` (a program with turns, bound to each set of
-    turn areas); a run that ends, not one that stalls, passes the turn on."""
+    turn areas); a run that completes passes the turn on (a stalled run goes on where it
+    stopped when called again; a fault ends the job)."""
     def run():
         code = runs[window.turn]()
-        if code != STALLED:
+        if code == DONE:
             window.turn ^= 1
         return code
     return run

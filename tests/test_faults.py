@@ -98,21 +98,25 @@ LATE = """
         time.sleep({sleep})
     got = {call}
     assert np.all(got == size * (size + 1) / 2), got
+    x[...] = rank + 2.0  # and the call after the stall
+    got = {call}
+    assert np.all(got == size * (size + 3) / 2), got
     print("done", rank, flush=True)
 """
 
 
 @pytest.mark.parametrize("env", LOOPS)
 @pytest.mark.parametrize("handle", [False, True], ids=["call", "persistent"])
-def test_a_stall_is_reported_once_with_the_missing_ranks(tmp_path, env, handle):
-    setup = "h = mlcomm.allreduce_init(x, algorithm='ring')" if handle else ""
-    call = "h()" if handle else "mlcomm.allreduce(x, algorithm='ring')"
+@pytest.mark.parametrize("name", ["ring", "shared_memory"])  # shared_memory: a turn stalls
+def test_a_stall_is_reported_once_with_the_missing_ranks(tmp_path, env, handle, name):
+    setup = f"h = mlcomm.allreduce_init(x, algorithm='{name}')" if handle else ""
+    call = "h()" if handle else f"mlcomm.allreduce(x, algorithm='{name}')"
     body = LATE.format(setup=setup, sleep=3, call=call)
     proc, _ = _job(tmp_path, 3, body, dict(env, MLCOMM_STALL_SECONDS="1"))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("done") == 3
     for r in (0, 1):
-        line = f"mlcomm: rank {r} has waited 1 s in allreduce (ring, 100 x float64) for ranks"
+        line = f"mlcomm: rank {r} has waited 1 s in allreduce ({name}, 100 x float64) for ranks"
         assert proc.stderr.count(line) == 1, proc.stderr
     assert "for ranks [2]" in proc.stderr
 
