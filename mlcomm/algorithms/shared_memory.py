@@ -73,6 +73,13 @@ class Barriers:
         for q in self.node:
             self.tl.wait(t, q, 0)
 
+    def take_turn(self, t: int) -> None:
+        """Begin on the window's turn areas instead (``Schedule.turns``): no wait for the
+        previous collective's readers, only this rank's own await that takes the flag base.
+        The collective must then await a post of every other rank of the node."""
+        self.tl.turns = True
+        self.tl.wait(t, self.tl.rank, 0)
+
     def post(self, t: int) -> int:
         """Publish this rank's writes so far; return the post's number."""
         self.posts += 1
@@ -240,9 +247,8 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
         by_single_copy(tl, sync, node, rank, count, itemsize)
         return tl.schedule(count, count)
     small = nbytes <= elements("small_bytes", small_bytes, 1) and count <= slot_elems
-    if small and nbytes <= TURN_BYTES:  # no wait for the previous collective's reads
-        tl.turns = True
-        tl.wait(0, rank, 0)
+    if small and nbytes <= TURN_BYTES:
+        sync.take_turn(0)
     else:
         sync.begin(0)
     if small:
