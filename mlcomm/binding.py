@@ -171,7 +171,7 @@ class Binding:
                                      self.transports, settings.stall_seconds, settings.yield_mask)
                 self.frames.append(frame)
                 runs.append(run)
-        self.window = window if program.turns else None
+        self._turn_window = window if program.turns else None  # its turn picks the run
         self.loop = runs[0] if len(runs) == 1 else _in_turn(runs, window)
         self._runs = runs
         self.live = True
@@ -207,7 +207,7 @@ class Binding:
     def _turn(self) -> int:
         """Which of the binding's runs is in progress or next (a program with turns has one
         per set of turn areas)."""
-        return self.window.turn if self.window is not None else 0
+        return self._turn_window.turn if self._turn_window is not None else 0
 
     @property
     def frame(self):

@@ -4,18 +4,18 @@ Small vectors are written once and read by all: each rank copies its vector into
 one node barrier, then every rank reduces every slot in local-rank order (so every rank
 gets the same bits). Up to :data:`mlcomm.schedule.TURN_BYTES` the slot is one of the
 window's two turn areas, taken in turn, so a rank writes it without waiting for its peers
-to finish reading the previous collective (``Schedule.turns``). Larger vectors go in chunks of at most half a slot: each chunk is
-reduce-scattered (local rank j reduces part j of every slot into its slot's result area)
-and all-gathered (every rank copies every part from its owner's result area), two
-barriers a chunk, the next chunk's copy into the other half of the slot overlapping this
-chunk's gather. Where the node allows single-copy reads of a peer's memory
-(:mod:`mlcomm.transport.peer`), vectors of at least ``single_copy_bytes`` skip the window:
-local rank j reads part j of every peer's input (a scratch chunk at a time), reduces it and
-writes each reduced chunk into every peer's output; a last barrier keeps every rank in the
-call until its peers have finished with its buffers. A barrier is a post of this rank's
-node flag and an await of every other rank's; a last post says this rank has finished
-reading the window, which the next collective's first awaits check before it writes its
-slot again.
+to finish reading the previous collective (``Schedule.turns``). Larger vectors go in chunks
+of at most half a slot: each chunk is reduce-scattered (local rank j reduces part j of
+every slot into its slot's result area) and all-gathered (every rank copies every part from
+its owner's result area), two barriers a chunk, the next chunk's copy into the other half
+of the slot overlapping this chunk's gather. Where the node allows single-copy reads of a
+peer's memory (:mod:`mlcomm.transport.peer`), vectors of at least ``single_copy_bytes``
+skip the window: local rank j reads part j of every peer's input (a scratch chunk at a
+time), reduces it and writes each reduced chunk into every peer's output; a last barrier
+keeps every rank in the call until its peers have finished with its buffers. A barrier is a
+post of this rank's node flag and an await of every other rank's; a last post says this
+rank has finished reading the window, which the next collective's first awaits check before
+it writes its slot again.
 """
 
 from __future__ import annotations
