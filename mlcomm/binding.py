@@ -172,7 +172,10 @@ class Binding:
                 self.frames.append(frame)
                 runs.append(run)
         self._turn_window = window if program.turns else None  # its turn picks the run
-        self.loop = runs[0] if len(runs) == 1 else _in_turn(runs, window)
+        compiled = all(frame is not None for frame in self.frames)
+        if len(runs) > 1 and compiled:  # the compiled loop picks the turn's frame
+            self.frames[0].take_turns(self.frames[1], window.turn_address)
+        self.loop = runs[0] if len(runs) == 1 or compiled else _in_turn(runs, window)
         self._runs = runs
         self.live = True
         self.busy = 0  # started non-blocking calls that will run this binding

@@ -4,7 +4,10 @@ One frame per binding holds everything the loop reads: the program's address and
 the loop op code and kernel element size, the buffers' addresses and sizes, each
 transport's context and C ``start``/``test`` addresses, the stall limit, how often a wait
 yields the CPU, and the addresses of ``MPI_Wtime`` and ``sched_yield``. The loop writes
-back where it stopped (a stall) and which transport faulted. Nothing here imports Numba.
+back where it stopped (a stall) and which transport faulted. A program with turns is bound
+once per set of turn areas: the first frame then holds the address of the turn (an int64
+that says which frame runs, flipped by each completed run) and of the second frame.
+Nothing here imports Numba.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ __all__ = ["DONE", "STALLED", "FAULTED", "Frame", "compiled_supports", "op_names
 DONE, STALLED, FAULTED = 0, 1, 2
 
 # frame words
-F_CODE, F_NCODE, F_OP, F_ITEM, F_PC, F_STALL_NS, F_YIELD_MASK, F_WTIME, F_YIELD, F_TRANSPORT = \
-    range(10)
+F_CODE, F_NCODE, F_OP, F_ITEM, F_PC, F_STALL_NS, F_YIELD_MASK, F_WTIME, F_YIELD, F_TRANSPORT, \
+    F_TURN, F_OTHER, F_NWORDS = range(13)
 F_TRANSPORTS = 16  # (context, start, test) per transport id, up to four
 F_BUFFERS = 28  # then (address, bytes) per buffer id
 #: codec offsets of the loop's op code: float16 and bfloat16 reduce on their uint16 bits
@@ -41,6 +44,16 @@ class Frame:
         w[F_STALL_NS] = int(stall_seconds * 1e9)
         w[F_YIELD_MASK] = yield_mask
         w[F_WTIME], w[F_YIELD] = symbol("MPI_Wtime"), libc_address("sched_yield")
+        w[F_NWORDS] = len(w)
+        #: where the words are: what the compiled loop is called with
+        self.address = w.__array_interface__["data"][0]
+        self.second = None  # the frame of the second turn, which this one keeps alive
+
+    def take_turns(self, second, turn_address):
+        """Run ``second`` instead of this frame while the int64 at ``turn_address`` is 1; a
+        completed run of either flips it."""
+        self.second = second
+        self.words[F_TURN], self.words[F_OTHER] = turn_address, second.address
 
     def set_buffer(self, index, address, nbytes):
         self.words[F_BUFFERS + 2 * index:F_BUFFERS + 2 * index + 2] = (address, nbytes)

@@ -18,8 +18,9 @@ from numba.extending import intrinsic, overload
 
 from .cabi import call0_f64, call3, ccall0, i64_array_at
 from .kernels.numba_backend import scalar
-from .frame import (DONE, F_BUFFERS, F_CODE, F_ITEM, F_NCODE, F_PC, F_STALL_NS, F_TRANSPORT,
-                   F_TRANSPORTS, F_WTIME, F_YIELD, F_YIELD_MASK, FAULTED, STALLED, op_names)
+from .frame import (DONE, F_BUFFERS, F_CODE, F_ITEM, F_NCODE, F_NWORDS, F_OTHER, F_PC,
+                    F_STALL_NS, F_TRANSPORT, F_TRANSPORTS, F_TURN, F_WTIME, F_YIELD, F_YIELD_MASK,
+                    FAULTED, STALLED, op_names)
 from .program import COPY, REDUCE, REDUCE2, REDUCE3, START, WAIT, WIDTH
 
 __all__ = ["entry"]
@@ -30,7 +31,8 @@ _NAMES = op_names()
 #: file alone, so a change to those constants elsewhere must change this line too (it is
 #: checked below) or stale machine code would read the wrong words.
 LAYOUT = ("F_CODE=0 F_NCODE=1 F_ITEM=3 F_PC=4 F_STALL_NS=5 F_YIELD_MASK=6 F_WTIME=7 "
-          "F_YIELD=8 F_TRANSPORT=9 F_TRANSPORTS=16 F_BUFFERS=28 WIDTH=8 START=1 WAIT=2 "
+          "F_YIELD=8 F_TRANSPORT=9 F_TURN=10 F_OTHER=11 F_NWORDS=12 F_TRANSPORTS=16 "
+          "F_BUFFERS=28 WIDTH=8 START=1 WAIT=2 "
           "COPY=3 REDUCE=4 REDUCE2=5 REDUCE3=6 DONE=0 STALLED=1 FAULTED=2")
 
 
@@ -46,13 +48,13 @@ if _layout() != LAYOUT:  # pragma: no cover - a developer changed a constant
 
 
 @intrinsic
-def _pointer_like(typingctx, address, array):
-    """``address`` as a pointer to ``array``'s element type."""
-    pointer = types.CPointer(array.dtype)
+def _pointer_like(typingctx, address, like):
+    """``address`` as a pointer to the type of ``like`` (a scalar)."""
+    pointer = types.CPointer(like)
 
     def codegen(context, builder, sig, args):
         return builder.inttoptr(args[0], context.get_value_type(pointer))
-    return pointer(types.intp, array), codegen
+    return pointer(types.intp, like), codegen
 
 
 def _combine(op, kind, d, a, s):
@@ -136,17 +138,36 @@ def execute(frame, like, op):
     return DONE
 
 
+@njit(nogil=True, cache=True)
+def run_at(address, like, op):
+    """Run the frame at ``address`` (or the other turn's, see :mod:`mlcomm.frame`); flip
+    the turn when the run completes."""
+    turn_at = carray(i64_array_at(address), F_BUFFERS)[F_TURN]
+    if turn_at != 0 and carray(i64_array_at(turn_at), 1)[0] != 0:
+        address = carray(i64_array_at(address), F_BUFFERS)[F_OTHER]
+    frame = carray(i64_array_at(address), carray(i64_array_at(address), F_BUFFERS)[F_NWORDS])
+    code = execute(frame, like, op)
+    if code == DONE and turn_at != 0:
+        turn = carray(i64_array_at(turn_at), 1)
+        turn[0] ^= 1
+    return code
+
+
 @lru_cache(maxsize=None)
-def _entry_point(frame_type, like_type, op):
+def _entry_point(like_type, op):
     with warnings.catch_warnings():
         # Numba's pedantic IR check flags the inlined scalar ops' branches; they are correct
         # (every loop is checked bit for bit against the kernels by the test suite)
         warnings.simplefilter("ignore", NumbaIRAssumptionWarning)
-        return execute.compile((frame_type, like_type, types.literal(op)))
+        return run_at.compile((types.int64, like_type, types.literal(op)))
 
 
-def entry(frame: np.ndarray, kernel_dtype: np.dtype, op: int):
-    """A no-argument call running ``frame``'s program; it calls the entry point compiled for
-    these types and op directly, skipping Numba's per-call type dispatch."""
-    like = np.empty(0, kernel_dtype)
-    return partial(_entry_point(typeof(frame), typeof(like), op), frame, like, op)
+def entry(frame, kernel_dtype: np.dtype, op: int):
+    """A no-argument call running ``frame`` (a :class:`mlcomm.frame.Frame`, which the call
+    keeps alive); it calls the entry point compiled for this element type and op directly,
+    skipping Numba's per-call type dispatch. Its arguments are two scalars, the cheapest a
+    compiled function unboxes."""
+    like = kernel_dtype.type(0)
+    call = partial(_entry_point(typeof(like), op), frame.address, like, op)
+    call.frame = frame
+    return call

@@ -57,7 +57,7 @@ def compiled_loop(frame: Frame, kernel_dtype: np.dtype):
     hostloop = _execute()
     if hostloop is None:
         return None
-    return hostloop.entry(frame.words, kernel_dtype, int(frame.words[F_OP]))
+    return hostloop.entry(frame, kernel_dtype, int(frame.words[F_OP]))
 
 
 # --- the Python and device loops -------------------------------------------------------------

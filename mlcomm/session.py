@@ -155,9 +155,9 @@ class Slot:
 
 
 def bound_call(session, run, binding, finish, answer):
-    """Run a bound call once more and return ``answer()``: what a repeat slot and a persistent
-    handle do on every call. A binding's loop runs straight away (a code other than 0 goes to
-    its handler); without a binding (the mpi algorithm) ``run`` runs and returns None."""
+    """Run a bound call once more and return ``answer()``: what a persistent handle does on
+    every call. A binding's loop runs straight away (a code other than 0 goes to its
+    handler); without a binding (the mpi algorithm) ``run`` runs and returns None."""
     loop = run if binding is None else binding.loop
     trouble = None if binding is None else binding.trouble
 
@@ -174,15 +174,19 @@ def bound_call(session, run, binding, finish, answer):
 
 
 def _repeat(slot, collective, op, comm, root, sendbuf, recvbuf, run, finish, answer):
-    """The slot's ``repeat``: one closure, since it is the whole cost of a repeated call.
+    """The slot's ``repeat``: one closure, since it is the whole cost of a repeated call. It
+    runs the call as :func:`bound_call` does, inline, and returns the argument that the call
+    returns (the checks made it the remembered buffer).
 
     What can change in place is checked too: the dtype (a new size needs a resize, which
     NumPy refuses on a weakly referenced array); a tensor's storage (``set_``, ``resize_``).
     """
     send_ref, recv_ref, algorithm, options = slot.send_ref, slot.recv_ref, slot.algorithm, \
         slot.options
-    binding = slot.binding
-    call = bound_call(slot.session, run, binding, finish, answer)
+    session, binding = slot.session, slot.binding
+    loop = run if binding is None else binding.loop
+    trouble = None if binding is None else binding.trouble
+    gives = 2 if answer is recv_ref else 1 if answer is send_ref else 0
     send, send_memory = _layout(sendbuf)
     recv, recv_memory = _layout(recvbuf)
 
@@ -198,7 +202,14 @@ def _repeat(slot, collective, op, comm, root, sendbuf, recvbuf, run, finish, ans
                 or (recv_memory is not None
                     and (recvbuf.data_ptr(), recvbuf.numel()) != recv_memory)):
             return MISS
-        return call()
+        if session.progress is not None:
+            session.progress.drain()
+        code = loop()
+        if code:
+            trouble(code)
+        if finish is not None:
+            finish()
+        return recvbuf if gives == 2 else sendbuf if gives == 1 else None
     return repeat
 
 

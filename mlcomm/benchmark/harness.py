@@ -345,9 +345,10 @@ def _timed_call(alg, comm, dev, send, recv, in_place, op, mdtype, mop, staged, h
     from ..api import allreduce
 
     if alg != BASELINE:
-        kw = dict(options or {}, comm=comm, algorithm=alg)
-        if in_place:
-            return lambda: allreduce(MPI.IN_PLACE, recv, op, **kw)
+        send = MPI.IN_PLACE if in_place else send
+        if not options:  # the call as a caller writes it (unpacking a dict costs 0.1 µs)
+            return lambda: allreduce(send, recv, op, comm=comm, algorithm=alg)
+        kw = dict(options, comm=comm, algorithm=alg)
         return lambda: allreduce(send, recv, op, **kw)
     Allreduce = comm.Allreduce
     if staged:  # host MPI for device data: copy through the host, as mlcomm stages

@@ -83,13 +83,23 @@ class NodeWindow:
         self.flags = [align(a) for a in self.segments]
         self.slots = [f + CONTROL_BYTES for f in self.flags]
         #: each local rank's two turn areas (``turns[t][j]``), and the one the node's next
-        #: collective with turns uses (every rank of the node runs the same collectives)
+        #: collective with turns uses (every rank of the node runs the same collectives),
+        #: an int64 the compiled loop flips at :attr:`turn_address`
         self.turns = [[s + area + t * TURN_BYTES for s in self.slots] for t in (0, 1)]
-        self.turn = 0
+        self._turn = np.zeros(1, np.int64)
+        self.turn_address = self._turn.__array_interface__["data"][0]
         win.Fence()  # the zeroed flags are visible to every rank before any post
         from .peer import probe
         self.pids, self.single_copy_error = probe(node)
         self.single_copy = self.single_copy_error is None
+
+    @property
+    def turn(self) -> int:
+        return int(self._turn[0])
+
+    @turn.setter
+    def turn(self, value: int):
+        self._turn[0] = value
 
     def slot_array(self, local: int, dtype) -> np.ndarray:
         """Local rank ``local``'s slot as an array of ``dtype`` (the window keeps the memory)."""
