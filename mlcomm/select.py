@@ -36,6 +36,11 @@ TRIAL_BLOCK_SECONDS = 1e-3
 TRIAL_CALLS = (2, 256)
 #: measured times within this factor of the fastest count as a tie (the model's order breaks it)
 TRIAL_TIE = 1.02
+#: a variant (:data:`VARIANTS`) is chosen only where it times this much faster than the
+#: fastest default: through the window, shared_memory gains at most about 10 % at P = 2
+#: where the cores share a cache and loses up to 3x where they do not, and a machine can
+#: move between the two within a job (docs/performance.rst)
+VARIANT_MARGIN = 1.15
 
 
 #: shared_memory's options that keep every size in the window
@@ -318,7 +323,7 @@ def _trial(session, trial, count, dtype, op) -> tuple:
             binding.free()
     session.comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
     typical = np.median(times, axis=1)
-    pick = int(np.argmax(typical <= typical.min() * TRIAL_TIE))
+    pick = trial_pick([options for _, options, _ in trial], typical)
     if session.rank == 0 and os.environ.get("MLCOMM_DEBUG") == "1":
         ranked = ", ".join(f"{_label(name, options)}={t * 1e6:.1f}us"
                            for (name, options, _), t in sorted(zip(trial, typical),
@@ -327,6 +332,14 @@ def _trial(session, trial, count, dtype, op) -> tuple:
                     session.size, count * dtype.itemsize, _label(*trial[pick][:2]),
                     n * dtype.itemsize, ranked)
     return trial[pick][0], trial[pick][1]
+
+
+def trial_pick(options, typical) -> int:
+    """The index of the trial's choice among entries with these ``options`` and median
+    times: the fastest, a variant's time counted :data:`VARIANT_MARGIN` times over; the
+    first (the model's favourite) of those within :data:`TRIAL_TIE` of it."""
+    judged = np.asarray(typical) * [VARIANT_MARGIN if o else 1.0 for o in options]
+    return int(np.argmax(judged <= judged.min() * TRIAL_TIE))
 
 
 def distinct_plans(session, trial, count, dtype, op):

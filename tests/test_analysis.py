@@ -384,6 +384,20 @@ def test_a_tuned_choice_with_variants_has_them_timed(tmp_path, monkeypatch):
     assert propose(16 << 20) == ("ring", None)
 
 
+def test_a_variant_must_win_by_the_margin():
+    """The trial keeps an algorithm's defaults unless a variant (shared_memory through its
+    window) is faster by VARIANT_MARGIN; among defaults a near-tie goes to the model's
+    favourite, the first entry."""
+    from mlcomm.select import TRIAL_TIE, VARIANT_MARGIN, WINDOW_ONLY, trial_pick
+    options = [(), WINDOW_ONLY, ()]
+    within = 1 / VARIANT_MARGIN * 1.01
+    assert trial_pick(options, [1.0, within, 1.2]) == 0
+    assert trial_pick(options, [1.0, 1 / VARIANT_MARGIN * 0.95, 1.2]) == 1
+    assert trial_pick(options, [1.0, 2.0, 1 / TRIAL_TIE * 1.005]) == 0
+    assert trial_pick(options, [1.0, 2.0, 0.9]) == 2
+    assert trial_pick([WINDOW_ONLY], [5.0]) == 0
+
+
 def test_calibrate_profile_auto_end_to_end(tmp_path):
     path = tmp_path / "profile.json"
     env = {"MLCOMM_PROFILE": str(path)}
