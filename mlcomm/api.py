@@ -435,7 +435,7 @@ class Persistent:
         self.session, self.binding, self.finish, self.run = session, binding, finish, run
         self.buffers = (sendbuf, recvbuf, out)
         self.result = lambda: result  # the handle owns its buffers
-        self.call = bound_call(session, run, binding, finish, self.result)
+        self.call = bound_call(session, run, binding, finish, result)
         self.request = None
         session.handles.add(self)
 

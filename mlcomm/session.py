@@ -154,10 +154,11 @@ class Slot:
                               answer)
 
 
-def bound_call(session, run, binding, finish, answer):
-    """Run a bound call once more and return ``answer()``: what a persistent handle does on
-    every call. A binding's loop runs straight away (a code other than 0 goes to its
-    handler); without a binding (the mpi algorithm) ``run`` runs and returns None."""
+def bound_call(session, run, binding, finish, result=None):
+    """A call that runs a bound call once more and returns ``result``: what a persistent
+    handle and a repeat slot do on every call. A binding's loop runs straight away (a code
+    other than 0 goes to its handler); without a binding (the mpi algorithm) ``run`` runs
+    and returns None."""
     loop = run if binding is None else binding.loop
     trouble = None if binding is None else binding.trouble
 
@@ -169,23 +170,22 @@ def bound_call(session, run, binding, finish, answer):
             trouble(code)
         if finish is not None:
             finish()
-        return answer()
+        return result
     return call
 
 
 def _repeat(slot, collective, op, comm, root, sendbuf, recvbuf, run, finish, answer):
     """The slot's ``repeat``: one closure, since it is the whole cost of a repeated call. It
-    runs the call as :func:`bound_call` does, inline, and returns the argument that the call
-    returns (the checks made it the remembered buffer).
+    runs :func:`bound_call` and returns the argument that the call returns (the checks made
+    it the remembered buffer).
 
     What can change in place is checked too: the dtype (a new size needs a resize, which
     NumPy refuses on a weakly referenced array); a tensor's storage (``set_``, ``resize_``).
     """
     send_ref, recv_ref, algorithm, options = slot.send_ref, slot.recv_ref, slot.algorithm, \
         slot.options
-    session, binding = slot.session, slot.binding
-    loop = run if binding is None else binding.loop
-    trouble = None if binding is None else binding.trouble
+    binding = slot.binding
+    call = bound_call(slot.session, run, binding, finish)
     gives = 2 if answer is recv_ref else 1 if answer is send_ref else 0
     send, send_memory = _layout(sendbuf)
     recv, recv_memory = _layout(recvbuf)
@@ -202,13 +202,7 @@ def _repeat(slot, collective, op, comm, root, sendbuf, recvbuf, run, finish, ans
                 or (recv_memory is not None
                     and (recvbuf.data_ptr(), recvbuf.numel()) != recv_memory)):
             return MISS
-        if session.progress is not None:
-            session.progress.drain()
-        code = loop()
-        if code:
-            trouble(code)
-        if finish is not None:
-            finish()
+        call()
         return recvbuf if gives == 2 else sendbuf if gives == 1 else None
     return repeat
 
