@@ -12,7 +12,7 @@ median over the runs, and the best is the hand-written algorithm with the lowest
 (see :func:`summarise`). Reported: at 8 B, 64 KiB and 16 MiB that best's ratio and
 ``auto``'s against the target (met when either is within it: ``auto`` may run a variant the
 hand-written defaults do not, e.g. ``shared_memory`` through its window only); at every size
-``auto``'s median over the best. Writes
+``auto``'s median over the best, and what ``auto`` ran in each run. Writes
 ``bench/results/perf_targets.json``.
 """
 
@@ -63,8 +63,14 @@ def ratios(records: list) -> dict:
     return out
 
 
-def summarise(runs: list, targets: dict) -> dict:
-    """Per size, over the runs: every algorithm's median ratio to mpi; the best of them.
+def auto_ran(records: list) -> dict:
+    """``{bytes: what auto ran}`` for one run."""
+    return {r["bytes"]: r.get("ran") for r in records if r["algorithm"] == "auto"}
+
+
+def summarise(runs: list, targets: dict, ran=None) -> dict:
+    """Per size, over the runs: every algorithm's median ratio to mpi; the best of them;
+    what ``auto`` ran in each run (``ran``: one :func:`auto_ran` per run).
 
     The best is the hand-written algorithm with the lowest *median*.  Taking each run's
     fastest and then the median would favour whichever of several tied algorithms got
@@ -80,7 +86,8 @@ def summarise(runs: list, targets: dict) -> dict:
                        "auto_over_best_median": median["auto"] / median[best],
                        "fastest_per_run": [min((a for a in run[nbytes] if a != "auto"),
                                                key=run[nbytes].get) for run in runs],
-                       "median_ratios": median}
+                       "median_ratios": median,
+                       "auto_ran": [r.get(nbytes) for r in ran or ()]}
         if nbytes in targets:
             out[nbytes]["target"] = targets[nbytes]
     return out
@@ -100,8 +107,9 @@ def main() -> int:
         for p in map(int, args.ranks.split(",")):
             if args.tune:
                 _mpiexec(p, profile, "tune")
-            table[p] = summarise([ratios(one_run(p, profile)) for _ in range(args.runs)],
-                                 TARGETS.get(p, {}))
+            runs = [one_run(p, profile) for _ in range(args.runs)]
+            table[p] = summarise([ratios(r) for r in runs], TARGETS.get(p, {}),
+                                 [auto_ran(r) for r in runs])
     meta = {"command": "python bench/perf_targets.py " + " ".join(sys.argv[1:]),
             "tuned": args.tune, "runs": args.runs,
             "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
@@ -123,7 +131,8 @@ def main() -> int:
         worst = max(rows, key=lambda n: rows[n]["auto_over_best_median"])
         gap = rows[worst]["auto_over_best_median"]
         print(f"{p:>2}  auto/best over all {len(rows)} sizes: worst {gap:.2f} at {worst} B "
-              f"({'within' if gap <= AUTO_GAP else 'OUTSIDE'} 10 %)")
+              f"({'within' if gap <= AUTO_GAP else 'OUTSIDE'} 10 %); best "
+              f"{rows[worst]['best']}, auto ran {', '.join(map(str, rows[worst]['auto_ran']))}")
     return 0
 
 

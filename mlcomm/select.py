@@ -25,8 +25,8 @@ from .profile import DEFAULT_GAMMA, DEFAULT_OP_OVERHEAD, DEFAULT_STEP_OVERHEAD, 
 
 log = logging.getLogger("mlcomm")
 
-__all__ = ["requested", "auto_choice", "agreed_choice", "plan_for", "explain", "predict",
-           "flat_algorithms", "auto_candidates", "TRIAL_BYTES"]
+__all__ = ["requested", "auto_choice", "agreed_choice", "auto_ran", "plan_for", "explain",
+           "predict", "flat_algorithms", "auto_candidates", "TRIAL_BYTES"]
 
 #: a trial times a call of at most this many bytes (a larger call's band is judged by it)
 TRIAL_BYTES = 16 << 20
@@ -262,6 +262,14 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
             session.choices[band] = choice
     session.choices[key] = choice
     return choice[0], dict(choice[1])
+
+
+def auto_ran(session, collective, count, dtype, op, *, device=False):
+    """What ``auto`` runs for this call layout on ``session`` (the algorithm, and a variant's
+    options in words), once a call has decided it; None before."""
+    choice = session.choices.get((collective, session.size, count, dtype.str, op, device,
+                                  False))
+    return None if choice is None else _label(*choice)
 
 
 def _propose(collective, p, count, dtype, op, nodes, device, flat):

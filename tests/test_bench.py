@@ -274,6 +274,24 @@ def test_bench_options_go_to_the_algorithms_that_take_them_n2(tmp_path):
     assert "# check: 0 wrong elements OK" in proc.stdout
 
 
+def test_bench_says_what_auto_ran_n2(tmp_path, monkeypatch):
+    """auto's record and table row name the algorithm it ran at each size (with
+    MLCOMM_AUTO=model, the cost model's choice)."""
+    from mlcomm.select import auto_choice
+    env = {"MLCOMM_AUTO": "model", "MLCOMM_PROFILE": str(tmp_path / "none.json")}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    out = tmp_path / "r.json"
+    proc = mpirun(2, BENCH + ["-a", "ring,auto", "-s", "8,64K", "-n", "2", "-w", "1", "-r",
+                              "1", "--output", out], timeout=120, env=env)
+    ran = {(d["algorithm"], d["bytes"]): d["ran"] for d in json.loads(out.read_text())}
+    for nbytes in (8, 64 << 10):
+        assert ran["ring", nbytes] is None and ran["mpi", nbytes] is None
+        want = auto_choice("allreduce", 2, nbytes, nodes=((0, 1),))
+        assert ran["auto", nbytes] == want, (ran, want)
+        assert f"out auto: {want} " in proc.stdout
+
+
 def test_bench_baseline_is_said_in_the_table_n2():
     proc = mpirun(2, BENCH + ["-a", "ring", "-s", "64,1K", "-n", "2", "-w", "1", "-r", "1",
                               "-d", "bfloat16"], timeout=120)

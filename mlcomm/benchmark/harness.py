@@ -33,9 +33,10 @@ RECORD_KEYS = ("algorithm", "ranks", "bytes", "count", "dtype", "op", "in_place"
                "time_us_avg", "time_us_min", "time_us_max", "algbw_gbps", "busbw_gbps",
                "ratio_to_mpi", "wrong")
 #: Extra keys: timed calls, interleaved rounds, device, peak resident memory (max over ranks),
-#: what the ``mpi`` baseline timed (see :func:`baseline_label`), and the algorithm's
-#: ``--option`` pairs (``key=value,...``; empty without).
-EXTRA_KEYS = ("iters", "rounds", "device", "peak_rss_mib", "baseline", "options")
+#: what the ``mpi`` baseline timed (see :func:`baseline_label`), the algorithm's
+#: ``--option`` pairs (``key=value,...``; empty without), and what ``auto`` ran (None for the
+#: others).
+EXTRA_KEYS = ("iters", "rounds", "device", "peak_rss_mib", "baseline", "options", "ran")
 
 BASELINE = "mpi"
 _MPI_OPS = {"sum": "SUM", "prod": "PROD", "min": "MIN", "max": "MAX", "avg": "SUM",
@@ -399,6 +400,16 @@ def interleaved(calls: dict, rounds: int, per_round: int, comm, sync) -> dict:
     return {name: float(np.median(t)) for name, t in samples.items()}
 
 
+def _auto_ran(comm, count, dtype, op):
+    """What ``auto`` ran at this size (:func:`mlcomm.select.auto_ran`), on host or device
+    buffers."""
+    from ..select import auto_ran
+    from ..session import get as session_of
+    session = session_of(comm)
+    return (auto_ran(session, "allreduce", count, dtype, op)
+            or auto_ran(session, "allreduce", count, dtype, op, device=True))
+
+
 def applicable(algorithms, comm, device: bool) -> list:
     """The algorithms that can run on ``comm``'s node layout and buffers (collective)."""
     from ..algorithms import ALGORITHMS
@@ -513,6 +524,7 @@ def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
                     "peak_rss_mib": round(peaks[alg], 1), "baseline": baseline,
                     "options": ",".join(f"{k}={v}" for k, v in
                                         cfg.options.get(alg, {}).items()),
+                    "ran": _auto_ran(comm, count, dtype, op) if alg == "auto" else None,
                 })
             base = times.get(BASELINE)
             for rec in records[-len(times):]:

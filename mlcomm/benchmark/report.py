@@ -32,6 +32,8 @@ def _cell(rec, key, fmt):
     v = rec.get(key)
     if key == "in_place":
         return "in" if v else "out"
+    if key == "algorithm" and rec.get("ran"):
+        return f"{v}: {rec['ran']}"
     if v is None:
         return "-"
     return format(v, fmt)
@@ -65,11 +67,13 @@ def format_table(records, *, header: str | None = None, summary: bool = True) ->
             out.append("# options: " + "; ".join(f"{a} {o}" for a, o in given.items()))
         out.append("# time per call, per rank, reduced over ranks; algbw = bytes/avg; "
                    "busbw = algbw*2(p-1)/p; ratio = avg / mpi avg")
+    name = max([_COLUMNS[3][1]] + [len(_cell(r, "algorithm", "s")) for r in records])
+    columns = [(h, name if i == 3 else w, k, f) for i, (h, w, k, f) in enumerate(_COLUMNS)]
     out.append("#" + " ".join(f"{h:>{w}}" if i != 3 else f"{h:<{w}}"
-                              for i, (h, w, _, _) in enumerate(_COLUMNS))[1:])
+                              for i, (h, w, _, _) in enumerate(columns))[1:])
     for rec in records:
         out.append(" ".join(f"{_cell(rec, k, f):>{w}}" if i != 3 else f"{_cell(rec, k, f):<{w}}"
-                            for i, (_, w, k, f) in enumerate(_COLUMNS)))
+                            for i, (_, w, k, f) in enumerate(columns)))
     wrong = sum(r["wrong"] or 0 for r in records)
     if any(r["wrong"] is not None for r in records):
         out.append(f"# check: {wrong} wrong elements {'OK' if wrong == 0 else 'FAILED'}")
