@@ -26,7 +26,7 @@ from .profile import DEFAULT_GAMMA, DEFAULT_OP_OVERHEAD, DEFAULT_STEP_OVERHEAD, 
 log = logging.getLogger("mlcomm")
 
 __all__ = ["requested", "auto_choice", "agreed_choice", "auto_ran", "plan_for", "explain",
-           "predict", "flat_algorithms", "auto_candidates", "TRIAL_BYTES"]
+           "predict", "flat_algorithms", "auto_candidates", "round_order", "TRIAL_BYTES"]
 
 #: a trial times a call of at most this many bytes (a larger call's band is judged by it)
 TRIAL_BYTES = 16 << 20
@@ -301,6 +301,14 @@ def _propose(collective, p, count, dtype, op, nodes, device, flat):
     return None, [(name, options, calls(name)) for name in ranked for options in variants(name)]
 
 
+def round_order(names, k) -> list:
+    """Round ``k``'s order of interleaved timing: ``names`` shuffled by a generator seeded
+    with k (the same on every rank), so no candidate keeps its place in the round or the
+    candidate before it. A rotation keeps both: at 16 MiB on 4 ranks and 2 cores that moved
+    one algorithm's time by 10 % either way (docs/performance.rst)."""
+    return [names[i] for i in np.random.default_rng(k).permutation(len(names))]
+
+
 def _trial(session, trial, count, dtype, op) -> tuple:
     """Time each candidate on scratch buffers on every rank; return the fastest as ``(name,
     options)`` (the same on every rank: the times are reduced to the slowest rank's before
@@ -319,7 +327,8 @@ def _trial(session, trial, count, dtype, op) -> tuple:
             bindings.append(session.own_binding(plans[name, options], inp, out))
             bindings[-1].run()  # the first call sets up
         for r in range(TRIAL_ROUNDS):  # rounds interleave the candidates: drift hits them all
-            for i, (binding, (_, _, calls)) in enumerate(zip(bindings, trial)):
+            for i in round_order(range(len(trial)), r):
+                binding, calls = bindings[i], trial[i][2]
                 binding.run()  # untimed: a block times repeated calls, as a loop makes them
                 session.comm.Barrier()
                 start = time.perf_counter()

@@ -371,23 +371,18 @@ def _timed_call(alg, comm, dev, send, recv, in_place, op, mdtype, mop, staged, h
     return lambda: Allreduce(sb, rb, mop)
 
 
-def _round_order(names, k):
-    """Round ``k``'s order: the list rotated by k, so no algorithm always runs first."""
-    k %= max(len(names), 1)
-    return names[k:] + names[:k]
-
-
 def interleaved(calls: dict, rounds: int, per_round: int, comm, sync) -> dict:
     """``{name: median seconds per call}``: ``rounds`` rounds, each timing every call
-    ``per_round`` times after a barrier, in the order of :func:`_round_order`.
+    ``per_round`` times after a barrier, in the order of :func:`mlcomm.select.round_order`.
 
     Each timed block follows one untimed call of the same kind, so it measures the steady
     state of repeated calls (a training loop's), not a first call on memory that the
     previous block's algorithm pushed out of the caches.
     """
+    from ..select import round_order
     samples = {name: [] for name in calls}
     for k in range(rounds):
-        for name in _round_order(list(calls), k):
+        for name in round_order(list(calls), k):
             call = calls[name]
             call()
             sync()
@@ -425,11 +420,11 @@ def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
 
     Per size and placement, every algorithm is first checked (with ``check``) and warmed
     up, then timed in ``rounds`` interleaved rounds: each round times every algorithm for
-    ``iters / rounds`` calls after one untimed call and a barrier, in an order rotated by
-    one per round.  An
-    algorithm's time per call is the median over rounds, so a burst of noise from other
-    processes lands on one round of every algorithm alike, not on one algorithm's whole
-    block (Google Benchmark's random interleaving, for the same reason).
+    ``iters / rounds`` calls after one untimed call and a barrier, in an order shuffled
+    each round (:func:`mlcomm.select.round_order`). An algorithm's time per call is the median over
+    rounds, so a burst of noise from other processes lands on one round of every algorithm
+    alike, not on one algorithm's whole block (Google Benchmark's random interleaving, for
+    the same reason).
     """
     from mpi4py import MPI
 
