@@ -230,7 +230,9 @@ class Session:
     """Everything mlcomm keeps for one communicator (see the module docstring)."""
 
     def __init__(self, comm):
-        self.comm = comm.Dup()
+        # a plain Intracomm whatever the caller's class: mlcomm's own traffic never runs
+        # through a subclass's collectives (mlcomm.Comm's would run mlcomm again)
+        self.comm = MPI.Intracomm(comm).Dup()
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         real = self.comm.Split_type(MPI.COMM_TYPE_SHARED)

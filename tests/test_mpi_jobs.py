@@ -4,17 +4,17 @@ import time
 
 import pytest
 
-from conftest import ROOT, mpirun
+from conftest import ROOT, assert_suite_passed, mpirun
 
 SUITE = "tests/mpi"
 
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 6, 7, 8])
 def test_mpi_suite(nprocs):
-    proc = mpirun(nprocs, ["-m", "pytest", SUITE, "--with-mpi", "-q", "-x",
+    proc = mpirun(nprocs, ["-m", "pytest", SUITE, "--with-mpi", "-q", "-x", "-ra",
                            "-p", "no:cacheprovider", "-o", "addopts="], timeout=600,
                   env={"MLCOMM_MPI_SUITE": "1"})
-    assert " passed" in proc.stdout
+    assert_suite_passed(proc)
 
 
 @pytest.mark.parametrize("nprocs", [1, 3, 8])
@@ -47,6 +47,6 @@ def test_a_failure_on_one_rank_ends_the_suite_job_in_seconds(tmp_path):
 def test_node_aware_suite_on_virtual_nodes(per_node, nprocs):
     """shared_memory and hierarchical on nodes of 1, 2 and 3 ranks (uneven last nodes)."""
     proc = mpirun(nprocs, ["-m", "pytest", f"{SUITE}/test_node_aware.py", "--with-mpi", "-q",
-                           "-x", "-p", "no:cacheprovider", "-o", "addopts="], timeout=600,
+                           "-x", "-ra", "-p", "no:cacheprovider", "-o", "addopts="], timeout=600,
                   env={"MLCOMM_MPI_SUITE": "1", "MLCOMM_RANKS_PER_NODE": str(per_node)})
-    assert " passed" in proc.stdout
+    assert_suite_passed(proc)
