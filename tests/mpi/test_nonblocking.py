@@ -66,13 +66,36 @@ def test_blocking_calls_wait_for_started_ones_and_ops_and_avg_work():
     agree(np.all(c == P * (P - 1) / 2))
 
 
-def test_compute_runs_while_requests_progress():
-    x = np.ones(1 << 18, np.float32)
-    r = mlcomm.iallreduce(x, algorithm="ring")
-    acc = 0.0
-    for _ in range(20):  # the caller's own work meanwhile (the loop runs without the GIL)
-        acc += float(np.sum(np.sqrt(np.arange(20000.0))))
-    agree(np.all(r.wait() == P) and acc > 0)
+def test_a_request_progresses_while_its_rank_computes_without_calling_mlcomm():
+    """Rank 0 starts an all-reduce and only then lets the peers start theirs; it then computes
+    (NumPy, no mlcomm call) until every peer reports its request complete. The ring's later
+    steps need rank 0's reductions, so the peers finish only if rank 0's request progresses
+    on its own, during the compute."""
+    if P < 2:
+        pytest.skip("needs two ranks")
+    tag, want = 771, P * (P + 1) // 2
+    x = np.full(1 << 18, RANK + 1, np.float32)
+    mlcomm.allreduce(x, algorithm="ring")  # the session and the plan exist before timing
+    if RANK == 0:
+        r = mlcomm.iallreduce(x, algorithm="ring")
+        for peer in range(1, P):
+            COMM.send("go", dest=peer, tag=tag)
+        reported, chunks, status = set(), 0, MPI.Status()
+        deadline = time.monotonic() + 60
+        while len(reported) < P - 1 and time.monotonic() < deadline:
+            np.sum(np.sqrt(np.arange(20000.0)))  # this rank's own work
+            chunks += 1
+            while COMM.Iprobe(MPI.ANY_SOURCE, tag, status):
+                reported.add(COMM.recv(source=status.Get_source(), tag=tag))
+        if len(reported) < P - 1:  # the peers wait in their request: end the job from here
+            pytest.fail(f"after {chunks} chunks of compute, only ranks {sorted(reported)} "
+                        f"of 1..{P - 1} completed")
+        got = r.wait()
+    else:
+        COMM.recv(source=0, tag=tag)
+        got = mlcomm.iallreduce(x, algorithm="ring").wait()
+        COMM.send(RANK, dest=0, tag=tag)
+    agree(np.all(got == want), f"sum {got[:4]}, want {want}")
 
 
 def test_persistent_start_wait_and_test():
