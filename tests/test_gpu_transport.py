@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, mpirun
+from test_kernels_cudasim import cupy_or_skip
 
-GPU_REQUIRED = os.environ.get("MLCOMM_TEST_GPU") == "1"
 SIM = {"NUMBA_ENABLE_CUDASIM": "1"}
 
 
@@ -312,21 +312,8 @@ def test_stage_under_simulator_subprocess():
 
 # --- CuPy on a real GPU ------------------------------------------------------------------------
 
-def _cupy_gpu_or_skip():
-    try:
-        import cupy
-        count = cupy.cuda.runtime.getDeviceCount()
-        if count < 1:
-            raise RuntimeError("no CUDA device")
-    except Exception as exc:  # ImportError, CUDARuntimeError, ...
-        msg = f"CuPy with a GPU unavailable ({type(exc).__name__}: {exc})"
-        if GPU_REQUIRED:
-            pytest.fail(f"MLCOMM_TEST_GPU=1 but {msg}")
-        pytest.skip(msg)
-
-
 def test_cupy_arrays_every_algorithm_mpiexec_2():
-    _cupy_gpu_or_skip()
+    cupy_or_skip()
     env = {"NUMBA_ENABLE_CUDASIM": "0"}
     proc = mpirun(2, ["tests/gpu_job.py", "--cupy"], env=env, timeout=300)
     summary = [line for line in proc.stdout.splitlines() if line.startswith("gpu_job:")]

@@ -280,15 +280,90 @@ def test_numba_cuda_kernels_under_simulator():
     assert report["failures"] == [], report["failures"]
 
 
+#: the CUDA runtime's "no GPU here": cudaErrorInsufficientDriver (no driver, or too old) and
+#: cudaErrorNoDevice
+NO_GPU_STATUS = (35, 100)
+
+
+def no_gpu(reason):
+    """Skip for ``reason``, a missing GPU or CuPy; fail instead under MLCOMM_TEST_GPU=1."""
+    if GPU_REQUIRED:
+        pytest.fail(f"MLCOMM_TEST_GPU=1 but {reason}")
+    pytest.skip(reason)
+
+
+def cupy_or_skip():
+    """CuPy with a GPU, else a skip (a failure under MLCOMM_TEST_GPU=1). Any other error, a
+    broken CuPy or another CUDA error, is raised: on a GPU machine it is a failure."""
+    try:
+        import cupy
+    except ModuleNotFoundError as exc:
+        if exc.name != "cupy":
+            raise
+        no_gpu("CuPy is not installed")
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError as exc:
+        if getattr(exc, "status", None) not in NO_GPU_STATUS:
+            raise
+        no_gpu(f"no CUDA driver or device ({exc})")
+    if count < 1:
+        no_gpu("no CUDA device")
+    return cupy
+
+
 def _gpu_or_skip(what):
-    """Return None when a GPU is usable for ``what``; skip (or fail under MLCOMM_TEST_GPU=1)."""
+    """Skip (fail under MLCOMM_TEST_GPU=1) only without a GPU or CuPy. With a GPU the backend
+    ``what`` must be usable: why it is not fails the test."""
+    if what == "cupy":
+        cupy_or_skip()
+    else:
+        from numba import cuda
+        if not cuda.is_available():
+            no_gpu("no CUDA driver or device (numba.cuda.is_available() is False)")
     import mlcomm.kernels as K
     info = K.backends()[what]
-    if not info["available"]:
-        msg = f"{what} backend unavailable: {info['detail']}"
-        if GPU_REQUIRED:
-            pytest.fail(f"MLCOMM_TEST_GPU=1 but {msg}")
-        pytest.skip(msg)
+    assert info["available"], f"a GPU is here, but the {what} backend is not: {info['detail']}"
+
+
+class _CudaError(Exception):
+    def __init__(self, status):
+        super().__init__(f"CUDA runtime error {status}")
+        self.status = status
+
+
+def _fake_cupy(count):
+    """A stand-in ``cupy`` whose getDeviceCount returns ``count`` or raises it."""
+    import types
+
+    def device_count():
+        if isinstance(count, BaseException):
+            raise count
+        return count
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(
+        CUDARuntimeError=_CudaError, getDeviceCount=device_count))
+    return cupy
+
+
+@pytest.mark.parametrize("required", [False, True], ids=["plain", "MLCOMM_TEST_GPU=1"])
+def test_gpu_tests_skip_only_without_a_gpu_or_cupy(monkeypatch, required):
+    """No CuPy, no driver or no device: a skip, or a failure under MLCOMM_TEST_GPU=1. Any
+    other error is raised either way, never turned into a skip."""
+    monkeypatch.setitem(globals(), "GPU_REQUIRED", required)
+    missing = pytest.fail.Exception if required else pytest.skip.Exception
+    for cupy, why in ((None, "CuPy is not installed"), (_fake_cupy(0), "no CUDA device"),
+                      (_fake_cupy(_CudaError(100)), "no CUDA driver or device"),
+                      (_fake_cupy(_CudaError(35)), "no CUDA driver or device")):
+        monkeypatch.setitem(sys.modules, "cupy", cupy)
+        with pytest.raises(missing, match=("MLCOMM_TEST_GPU=1 but " if required else "") + why):
+            cupy_or_skip()
+    for error in (_CudaError(2), RuntimeError("a broken CuPy")):
+        monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(error))
+        with pytest.raises(type(error), match=str(error)):
+            cupy_or_skip()
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(1))
+    assert cupy_or_skip() is sys.modules["cupy"]
 
 
 def test_cupy_kernels_on_gpu():
