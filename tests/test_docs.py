@@ -69,12 +69,27 @@ def test_docs_build_without_warnings(tmp_path):
     assert (tmp_path / "html" / "api.html").is_file()
 
 
-@pytest.mark.parametrize("code", EXAMPLES)
-def test_example_runs_under_mpiexec(code, tmp_path):
+def run_example(code, tmp_path):
+    """Run ``code`` as the rule says; fail the test if it exits non-zero (a failed assert on
+    any rank aborts the job) or prints FAIL."""
     example = tmp_path / "example.py"
     example.write_text(code, encoding="utf-8")
-    mpirun(2, ["-m", "mpi4py", example], timeout=180, cwd=tmp_path,
-           env={"NUMBA_ENABLE_CUDASIM": "1"})
+    proc = mpirun(2, ["-m", "mpi4py", example], timeout=180, cwd=tmp_path,
+                  env={"NUMBA_ENABLE_CUDASIM": "1"})
+    if re.search(r"\bFAIL", proc.stdout + proc.stderr):
+        pytest.fail(f"the example printed FAIL:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+
+
+@pytest.mark.parametrize("code", EXAMPLES)
+def test_example_runs_under_mpiexec(code, tmp_path):
+    run_example(code, tmp_path)
+
+
+@pytest.mark.parametrize("code", ["from mpi4py import MPI\nassert MPI.COMM_WORLD.rank != 1\n",
+                                  "print('check: FAIL')\n"], ids=["assert", "prints-FAIL"])
+def test_an_example_that_asserts_false_or_prints_fail_fails(code, tmp_path):
+    with pytest.raises(pytest.fail.Exception):
+        run_example(code, tmp_path)
 
 
 def test_every_code_block_follows_the_rule():
