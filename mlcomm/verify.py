@@ -1,30 +1,60 @@
-"""Check every algorithm against the MPI library's own ``MPI_Allreduce`` on this job.
+"""Check every algorithm on this job against an exact reference, and the MPI library's own
+``MPI_Allreduce`` against the same.
 
-Every case is one call on every rank, then one ``allgather`` of each rank's verdict and
-digest, whatever happened locally, so the ranks always enter the same collectives: a
-wrong result on one rank is a failure on all of them, never a hang.
+Every rank's input comes from :func:`sample`, deterministic in (dtype, op, count, rank,
+seed), so a rank makes every rank's input itself, without a message. The references:
+
+- Integers and bool: the exact answer (:func:`exact`), the inputs reduced in NumPy's
+  integer arithmetic, which wraps around as C's does. Every result must equal it. The
+  library's ``MPI_Allreduce`` is compared with it too; where they differ the library is
+  wrong, which is reported on its own line and is not mlcomm's failure (``mpi``'s row then
+  says ``LIB`` where it returned the library's wrong answer).
+- Floats and complex: an algorithm with a schedule (and ``auto``, the algorithm it ran) must
+  give bit for bit what the local executor (:mod:`mlcomm.local`) gives running the same
+  schedule, with the call's options and the session's node layout, on every rank's input:
+  the schedule fixes the reduction order. Each result must also lie within rounding of
+  ``MPI_Allreduce`` (:func:`close`), which catches a schedule that is wrong in itself;
+  ``mpi`` has only that check.
+
+The local executor runs each (dtype, op, count) on one rank, the ranks taking turns
+(:func:`_executor_rank`), once per placement (in place and not) as the call ran: every
+rank's output of an all-reduce is the same, so that rank compares its own result, and the
+check across ranks covers the others. It runs at every size verify uses, up to 65537
+elements, with no bound: its runs for one default ``mlcomm verify`` take 1.6 s of CPU at
+P = 3 and 6.4 s at P = 8 in all (single process, 2026-11-27), shared among the ranks,
+against minutes for the job's MPI calls.
+
+Every result is also checked for the input's dtype and shape, an unchanged input, and the
+same bits on every rank. Every case is one call on every rank, then one ``allgather`` of each
+rank's verdict and digest, whatever happened locally, so the ranks always enter the same
+collectives: a wrong result on one rank is a failure on all of them, never a hang.
 """
 
 from __future__ import annotations
 
-import os
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 from mpi4py import MPI
 
-from .algorithms import ALGORITHMS, MPI_NATIVE, resolve
+from .algorithms import ALGORITHMS, AUTO, MPI_NATIVE, build_schedules, resolve
 from .api import IN_PLACE, allreduce
-from .benchmark.harness import corrupt
-from .kernels import BFLOAT16, DTYPES, OPS, is_supported, normalize_op, supported_dtypes
+from .kernels import BFLOAT16, DTYPES, OP_TABLE, OPS, is_supported, normalize_op, \
+    supported_dtypes
+from .kernels.numpy_backend import bare_kernel, bare_kernel3, finalize
+from .local import run_local
+from .select import agreed_choice, plan_for
+from .session import get as session_of
 
-__all__ = ["DTYPES", "OPS", "CORRUPT_RANK_ENV", "Row", "sample", "reference", "close",
-           "verify"]
+__all__ = ["DTYPES", "OPS", "PASSED", "FAILED", "LIBRARY_WRONG", "Row", "Report", "sample",
+           "reference", "exact", "library_error", "close", "scheduled", "verify"]
 
-#: Test hook: the rank named here changes one element of each result before it is checked.
-CORRUPT_RANK_ENV = "MLCOMM_VERIFY_CORRUPT_RANK"
+#: Exit statuses of ``mlcomm verify``: every check passed; an mlcomm failure (whatever the
+#: library did), or nothing checked; mlcomm passed but the MPI library's MPI_Allreduce is wrong.
+PASSED, FAILED, LIBRARY_WRONG = 0, 1, 3
 
 _BY_NAME = {d.name: d for d in supported_dtypes()}
 _NARROW_FLOATS = (np.dtype(np.float16), BFLOAT16)
@@ -42,10 +72,13 @@ class Row:
     first_failure: str = ""
     skipped: str = ""          # why there is no case, when there is none
     note: str = ""             # ops left out of a row that has cases, and why
+    library: int = 0           # cases that returned the MPI library's own wrong answer (mpi)
+    first_library: str = ""
 
     @property
     def status(self) -> str:
-        return "FAIL" if self.failures else "SKIP" if not self.cases else "PASS"
+        return "FAIL" if self.failures else "SKIP" if not self.cases else \
+            "LIB" if self.library else "PASS"
 
     @property
     def verdict(self) -> str:
@@ -53,7 +86,27 @@ class Row:
             return f"FAIL ({self.first_failure})"
         if not self.cases:
             return f"SKIP ({self.skipped})"
+        if self.library:
+            return f"LIB ({self.first_library})"
         return f"PASS ({self.note})" if self.note else "PASS"
+
+
+@dataclass
+class Report:
+    """What :func:`verify` found, the same on every rank: a :class:`Row` per algorithm x
+    dtype, and a line for each reduction where the MPI library's ``MPI_Allreduce`` differs
+    from the exact answer, of the ``exact_reductions`` compared."""
+
+    rows: list
+    library: list = field(default_factory=list)
+    exact_reductions: int = 0
+
+    @property
+    def status(self) -> int:
+        """:data:`FAILED`, :data:`LIBRARY_WRONG` or :data:`PASSED` (the exit status)."""
+        if any(r.failures for r in self.rows) or not any(r.cases for r in self.rows):
+            return FAILED
+        return LIBRARY_WRONG if self.library else PASSED
 
 
 def sample(dtype, op, count, rank, seed=0):
@@ -80,11 +133,21 @@ def reference(comm, x, op):
     out = np.empty_like(wide)
     mpi_op = {"avg": MPI.SUM}.get(op) or getattr(MPI, op.upper())
     if x.dtype == np.bool_:  # MPI defines only the logical ops on C bool
-        mpi_op = {"band": MPI.LAND, "bor": MPI.LOR, "bxor": MPI.LXOR,
-                  "min": MPI.LAND, "max": MPI.LOR}.get(op, mpi_op)
+        mpi_op = {"band": MPI.LAND, "bor": MPI.LOR, "bxor": MPI.LXOR}.get(op, mpi_op)
     comm.Allreduce(wide, out, mpi_op)
     if op == "avg":
         out = out / comm.Get_size()
+    return out
+
+
+def exact(inputs, op):
+    """The all-reduce of integer or bool ``inputs`` (one array per rank) as C computes it:
+    NumPy's integer ufuncs on arrays of one dtype wrap around on overflow, in any order;
+    land and lor give 1 or 0 (but one rank's input is its own result). avg takes no
+    integers."""
+    ufunc, out = OP_TABLE[op].ufunc, inputs[0].copy()
+    for x in inputs[1:]:
+        out = ufunc(out, x).astype(out.dtype, copy=False)
     return out
 
 
@@ -100,8 +163,27 @@ def close(got, want, p, op):
     return bool(np.all(np.abs(got.astype(want.dtype) - want) <= 4 * p * eps * scale))
 
 
-def _problem(got, x, x_before, want, p, op, in_place) -> str:
-    """What is wrong with this rank's result, or ''."""
+def _first_difference(got, want):
+    """The first element whose bits differ between the two arrays, or None."""
+    a = np.ascontiguousarray(got).view(np.uint8).reshape(got.size, got.itemsize)
+    b = np.ascontiguousarray(want).view(np.uint8).reshape(want.size, want.itemsize)
+    differ = np.flatnonzero((a != b).any(axis=1))
+    return int(differ[0]) if differ.size else None
+
+
+def library_error(got, want, op, p) -> str:
+    """The line saying the MPI library's ``MPI_Allreduce`` gave ``got`` where the exact
+    answer is ``want``, or '' when they are equal."""
+    i = _first_difference(got, want)
+    if i is None:
+        return ""
+    return (f"the MPI library's MPI_Allreduce is wrong here: {want.dtype.name} {op} "
+            f"{want.size} elements at P = {p}: got {got[i]} where C gives {want[i]} "
+            f"(first differing element {i})")
+
+
+def _problem(got, x, x_before, in_place) -> str:
+    """What is wrong with this result's type, dtype or shape, or with the input, or ''."""
     if not isinstance(got, np.ndarray):
         return f"returned {type(got).__name__}, not an ndarray"
     if got.dtype != x.dtype:
@@ -110,9 +192,38 @@ def _problem(got, x, x_before, want, p, op, in_place) -> str:
         return f"result shape {got.shape}, input {x.shape}"
     if not in_place and x.tobytes() != x_before.tobytes():
         return "the input buffer changed"
-    if not close(got, want, p, op):
-        return "differs from MPI_Allreduce"
     return ""
+
+
+def _value_problem(got, ref, p, op, name) -> tuple:
+    """``(problem, library)``: what is wrong with the values of this rank's result ``got``,
+    or ''; and whether ``got`` is the MPI library's own wrong answer (``mpi``'s row).
+
+    ``ref`` holds the references: ``want`` (``MPI_Allreduce``'s result), ``exact`` (integers
+    and bool) and ``scheduled`` (floats, on the rank that ran the local executor: its
+    output, or why there is none).
+    """
+    want, right = ref["want"], ref.get("exact")
+    if right is not None:
+        i = _first_difference(got, right)
+        if i is None:
+            return "", False
+        if name == MPI_NATIVE and _first_difference(want, right) is not None and \
+                _first_difference(got, want) is None:
+            return "", True
+        return f"differs from the exact answer (element {i}: {got[i]} where C gives " \
+               f"{right[i]})", False
+    if not close(got, want, p, op):
+        return "differs from MPI_Allreduce beyond rounding", False
+    local = ref.get("scheduled", {}).get(name)
+    if isinstance(local, str):
+        return local, False
+    if local is not None:
+        i = _first_difference(got, local)
+        if i is not None:
+            return f"differs from its schedule run by the local executor (element {i}: " \
+                   f"{got[i]} where the schedule gives {local[i]})", False
+    return "", False
 
 
 def _mpi_lacks(dtype, op) -> str:
@@ -139,12 +250,7 @@ def _plan_row(name, dtype, ops) -> tuple:
         f"{','.join(left_out)} left out: {'; '.join(reasons)}"
 
 
-def _corrupt_rank():
-    text = os.environ.get(CORRUPT_RANK_ENV, "").strip()
-    return int(text) if text else None
-
-
-def _check_names(algorithms, dtypes, ops):
+def _check_names(algorithms, dtypes, ops, counts=None):
     algorithms = [resolve(a) for a in algorithms] if algorithms else \
         [a for a in ALGORITHMS if a != MPI_NATIVE] + [MPI_NATIVE]
     dtypes = list(dtypes) if dtypes else list(DTYPES)
@@ -153,62 +259,167 @@ def _check_names(algorithms, dtypes, ops):
         raise ValueError(f"unknown dtype {', '.join(map(repr, bad))}; "
                          f"choose from {', '.join(DTYPES)}")
     ops = [normalize_op(op) for op in ops] if ops else list(OPS)
+    if counts is not None and not all(isinstance(c, (int, np.integer)) and c >= 0
+                                      for c in counts):
+        raise ValueError(f"counts={list(counts)!r}: give whole numbers of elements, 0 or more")
     return algorithms, dtypes, ops
 
 
+def _ran(session, name, count, dtype, op) -> tuple:
+    """``(algorithm, options)`` the call of ``name`` just made ran: ``auto``'s choice, the
+    session's node layout and the options it chose, all kept by the session when the call
+    decided them, so nothing here sends a message."""
+    options = {}
+    if name == AUTO:
+        name, options = agreed_choice(session, "allreduce", count, dtype, op)
+    plan = plan_for(session, "allreduce", name, count, dtype, op, options)
+    return name, plan.key[6]  # the plan key's options: sorted (name, value) pairs
+
+
+@lru_cache(maxsize=64)
+def _schedules(name, options, p, count, itemsize):
+    return build_schedules(name, p, count, itemsize, **dict(options))
+
+
+def _same(a, b) -> bool:
+    return a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and \
+        a.shape == b.shape
+
+
+def scheduled(name, options, inputs, op, rank, in_place=False):
+    """Rank ``rank``'s output of ``name``'s schedules (with ``options``, sorted pairs) run by
+    the local executor on every rank's ``inputs``, in place or not; or a string saying why
+    there is none.
+
+    Each reduction makes the calls the Python loop makes for it (``HostMemory.reduce`` in
+    :mod:`mlcomm.loop`: ``d = a (op) s`` into ``a``, into ``s``, or a copy of ``a`` then into
+    it) with the NumPy kernels. Those give the compiled loop's and the Numba kernels' bits for
+    every op but complex prod, which NumPy alone runs and whose last bits depend on which
+    operand the output is (its multiply fuses some of its products on some paths).
+    """
+    p, x = len(inputs), inputs[0]
+    kernel, kernel3 = bare_kernel(op), bare_kernel3(op)
+
+    def reduce(first, src, out):
+        if _same(out, first):
+            kernel(out, src)
+        elif _same(out, src):
+            kernel3(out, first, src)
+        else:
+            np.copyto(out, first)
+            kernel(out, src)
+    try:
+        schedules = _schedules(name, options, p, x.size, x.itemsize)
+        with np.errstate(all="ignore"):
+            outputs, unwritten = run_local(schedules, inputs, reduce, in_place)
+    except Exception as exc:  # noqa: BLE001 - one rank runs it: any error becomes its verdict
+        return f"the local executor failed on its schedule: {type(exc).__name__}: {exc}"
+    if unwritten[rank]:
+        return f"its schedule leaves {unwritten[rank]} output elements unwritten"
+    finalize(outputs[rank], op, p)
+    return outputs[rank]
+
+
+def _executor_rank(group: int, count_index: int, p: int) -> int:
+    """The rank that runs the local executor for the ``group``-th (dtype, op) at its
+    ``count_index``-th count: the sum goes round the ranks, so each count's (the largest
+    too) spread over them."""
+    return (group + count_index) % p
+
+
 def verify(comm=None, algorithms=None, dtypes=None, ops=None, counts=None, seed=0):
-    """Run the matrix on ``comm``; return one :class:`Row` per algorithm x dtype.
+    """Run the matrix on ``comm``; return a :class:`Report`, the same on every rank.
 
     ``algorithms`` (default: all, ``mpi`` last), ``dtypes`` (names, default: every one in
-    :data:`DTYPES`) and ``ops`` (default: every one in :data:`OPS`) are checked first: an
-    unknown name is a ValueError naming the valid ones.  Each case passes only when, on
-    every rank, the result has the input's dtype and shape, matches ``MPI_Allreduce``
-    (exactly for integers, min/max and logic), the input is unchanged, and the result is
-    bit-identical across ranks.  A row with no case (``mpi`` on float16, or no op that
-    applies to the dtype) is skipped and says why; so does a row that leaves some ops out
-    (``mpi`` has no bitwise op on bool).
+    :data:`DTYPES`), ``ops`` (default: every one in :data:`OPS`) and ``counts`` (elements,
+    default 0, 1, P - 1, P + 1, 1000 and 65537) are checked first: an unknown name is a
+    ValueError naming the valid ones. Each case passes only when, on every rank, the result
+    has the input's dtype and shape, the input is unchanged, the result is bit-identical
+    across ranks and matches the references of the module docstring. A row with no case
+    (``mpi`` on float16, or no op that applies to the dtype) is skipped and says why; so
+    does a row that leaves some ops out (``mpi`` has no bitwise op on bool).
     """
     comm = MPI.COMM_WORLD if comm is None else comm
-    algorithms, dtypes, ops = _check_names(algorithms, dtypes, ops)
+    algorithms, dtypes, ops = _check_names(algorithms, dtypes, ops, counts)
     p, rank = comm.Get_size(), comm.Get_rank()
     counts = counts or sorted({0, 1, max(p - 1, 1), p + 1, 1000, 65537})
-    bad_rank = _corrupt_rank()
-    rows = []
+    session = session_of(comm)
+    rows, plans, library, exact_reductions, group = {}, {}, [], 0, -1
     for name in algorithms:
         for dname in dtypes:
-            dtype = _BY_NAME[dname]
-            row_ops, why = _plan_row(name, dtype, ops)
-            row = Row(name, dname, skipped=why if not row_ops else "",
-                      note=why if row_ops else "")
-            start = time.perf_counter()
-            for op in row_ops:
-                for count in counts:
-                    x = sample(dtype, op, count, rank, seed)
-                    want = reference(comm, x, op)
-                    for in_place in (False, True):
-                        row.cases += 1
-                        x_before = x.copy()
-                        if in_place:
-                            got = x.copy()
-                            allreduce(IN_PLACE, got, op, comm=comm, algorithm=name)
-                        else:
-                            got = allreduce(x, None, op, comm=comm, algorithm=name)
-                        if rank == bad_rank and isinstance(got, np.ndarray):
-                            corrupt(got)
-                        problem = _problem(got, x, x_before, want, p, op, in_place)
-                        digest = -1 if problem else zlib.crc32(
-                            np.ascontiguousarray(got).view(np.uint8).tobytes())
-                        states = comm.allgather((problem, digest))  # every rank, every case
-                        wrong = [(r, s) for r, (s, _) in enumerate(states) if s]
-                        if not wrong and len({d for _, d in states}) > 1:
-                            wrong = [(-1, "results differ across ranks")]
-                        if wrong:
-                            row.failures += 1
-                            where = ", ".join(f"rank {r}: {s}" if r >= 0 else s
-                                              for r, s in wrong[:3])
-                            row.first_failure = row.first_failure or (
-                                f"op={op} count={count} "
-                                f"{'in-place' if in_place else 'out-of-place'}: {where}")
-            row.seconds = time.perf_counter() - start
-            rows.append(row)
-    return rows
+            row_ops, why = _plan_row(name, _BY_NAME[dname], ops)
+            rows[name, dname] = Row(name, dname, skipped=why if not row_ops else "",
+                                    note=why if row_ops else "")
+            plans[name, dname] = row_ops
+    for dname in dtypes:
+        dtype = _BY_NAME[dname]
+        for op in ops:
+            names = [n for n in algorithms if op in plans[n, dname]]
+            if not names:
+                continue
+            group += 1
+            for j, count in enumerate(counts):
+                whole = dtype.kind in "iub" or _executor_rank(group, j, p) == rank
+                inputs = [sample(dtype, op, count, r, seed) if whole or r == rank else None
+                          for r in range(p)]
+                x = inputs[rank]
+                ref = {"want": reference(comm, x, op)}
+                if dtype.kind in "iub":
+                    ref["exact"] = exact(inputs, op)
+                    exact_reductions += 1
+                    line = library_error(ref["want"], ref["exact"], op, p)
+                    if line:
+                        library.append(line)
+                elif whole:
+                    ref["scheduled"] = {}
+                for name in names:
+                    _run_case(rows[name, dname], comm, session, ref, x, op, inputs)
+    return Report(list(rows.values()), _merge(comm.allgather(library), p), exact_reductions)
+
+
+def _run_case(row, comm, session, ref, x, op, inputs):
+    """Run one algorithm on ``x``, out of place and in place, and record the verdicts."""
+    name, p, rank = row.algorithm, comm.Get_size(), comm.Get_rank()
+    start = time.perf_counter()
+    for in_place in (False, True):
+        row.cases += 1
+        x_before = x.copy()
+        if in_place:
+            got = x.copy()
+            allreduce(IN_PLACE, got, op, comm=comm, algorithm=name)
+        else:
+            got = allreduce(x, None, op, comm=comm, algorithm=name)
+        if x.dtype.kind not in "iub" and name != MPI_NATIVE:  # every rank: an error is everyone's
+            ran, options = _ran(session, name, x.size, x.dtype, op)
+            if "scheduled" in ref:
+                ref["scheduled"][name] = scheduled(ran, options, inputs, op, rank, in_place)
+        problem = _problem(got, x, x_before, in_place)
+        is_library = False
+        if not problem:
+            problem, is_library = _value_problem(got, ref, p, op, name)
+        digest = -1 if problem else zlib.crc32(np.ascontiguousarray(got).view(np.uint8))
+        states = comm.allgather((problem, digest, is_library))  # every rank, every case
+        wrong = [(r, s) for r, (s, _, _) in enumerate(states) if s]
+        if not wrong:
+            wrong = [(r, "result differs from rank 0's") for r, (_, d, _) in enumerate(states)
+                     if d != states[0][1]]
+        where = f"op={op} count={x.size} {'in-place' if in_place else 'out-of-place'}"
+        if wrong:
+            row.failures += 1
+            row.first_failure = row.first_failure or f"{where}: " + ", ".join(
+                f"rank {r}: {s}" for r, s in wrong[:3])
+        elif any(lib for _, _, lib in states):
+            row.library += 1
+            row.first_library = row.first_library or \
+                f"{where}: the MPI library's own answer, which is wrong (below)"
+    row.seconds += time.perf_counter() - start
+
+
+def _merge(lines_by_rank, p) -> list:
+    """Every rank's library lines, each once, naming the ranks when not all saw it."""
+    seen = {}
+    for r, lines in enumerate(lines_by_rank):
+        for line in lines:
+            seen.setdefault(line, []).append(r)
+    return [line if len(ranks) == p else f"{line} (on ranks {', '.join(map(str, ranks))})"
+            for line, ranks in seen.items()]
