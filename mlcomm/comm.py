@@ -2,7 +2,10 @@
 
 It shares the wrapped communicator's handle, takes every buffer form mpi4py
 takes, and hands anything mlcomm cannot reduce (a derived datatype, a
-user-defined op, long double ...) to the MPI library's own call.
+user-defined op, long double ...) to the MPI library's own call. Its
+``algorithm`` runs in each collective that has an algorithm of that name (or
+alias); a collective without one runs its ``auto``. The communicators it makes
+(``Dup``, ``Split`` ...) are ``mlcomm.Comm`` objects with the same ``algorithm``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from mpi4py import MPI
 from mpi4py.util import dtlib
 
 from . import api, gpu, kernels
+from .algorithms import AUTO, COLLECTIVES, resolve
 from .transport.mpi import op_name
 
 __all__ = ["Comm"]
@@ -60,13 +64,92 @@ def _plain(*specs):
         return None
 
 
+def _per_collective(algorithm) -> dict:
+    """``{collective: the algorithm= it is called with}`` for a Comm's ``algorithm``: None
+    everywhere for None (``MLCOMM_ALGORITHM``, else auto); else the collective's algorithm of
+    that name or alias, or ``auto`` where it has none. A name no collective has is an error."""
+    if algorithm is None:
+        return dict.fromkeys(COLLECTIVES)
+    if not isinstance(algorithm, str):
+        raise TypeError(f"algorithm must be a name (str) or None, got {type(algorithm).__name__}")
+    names = {}
+    for collective in COLLECTIVES:
+        try:
+            names[collective] = AUTO if algorithm == AUTO else resolve(algorithm, collective)
+        except ValueError:
+            names[collective] = AUTO
+    if algorithm != AUTO and all(name == AUTO for name in names.values()):
+        known = sorted({n for table in COLLECTIVES.values() for n in table})
+        raise ValueError(f"algorithm={algorithm!r} is not an algorithm of any collective; "
+                         f"choose one of: {', '.join(known)}")
+    return names
+
+
 class Comm(MPI.Intracomm):
-    """``mlcomm.Comm(comm, algorithm=None)``: switch existing mpi4py code with one line."""
+    """``mlcomm.Comm(comm, algorithm=None)``: switch existing mpi4py code with one line.
+
+    ``algorithm`` runs in each collective that has an algorithm of that name (``ring`` in
+    Allreduce, Reduce_scatter_block and Allgather; ``binary_tree`` in Bcast and Reduce;
+    ``mpi``, ``shared_memory`` and ``auto`` in all); the others run their ``auto``. None:
+    ``MLCOMM_ALGORITHM``, else ``auto``. ``Dup``, ``Split`` and the other constructors
+    return ``mlcomm.Comm`` objects with the same ``algorithm``.
+    """
 
     def __new__(cls, comm=None, algorithm=None):
         self = super().__new__(cls, MPI.COMM_WORLD if comm is None else comm)
         self.algorithm = algorithm
         return self
+
+    @property
+    def algorithm(self):
+        """The algorithm asked for (None: ``MLCOMM_ALGORITHM``, else ``auto``)."""
+        return self._algorithm
+
+    @algorithm.setter
+    def algorithm(self, name):
+        self._algorithms = _per_collective(name)
+        self._algorithm = name
+
+    # communicators made from this one: mlcomm.Comm objects with the same algorithm
+
+    def _derived(self, comm):
+        if comm == MPI.COMM_NULL:  # e.g. Split with color MPI.UNDEFINED
+            return comm
+        if not isinstance(comm, Comm):
+            comm = Comm(comm)
+        comm.algorithm = self._algorithm
+        return comm
+
+    def Dup(self, info=None):
+        return self._derived(super().Dup(info))
+
+    def Dup_with_info(self, info):
+        return self._derived(super().Dup_with_info(info))
+
+    def Idup(self, info=None):
+        comm, request = super().Idup(info)
+        return self._derived(comm), request
+
+    def Idup_with_info(self, info):
+        comm, request = super().Idup_with_info(info)
+        return self._derived(comm), request
+
+    def Clone(self):
+        return self._derived(super().Clone())
+
+    def Split(self, color=0, key=0):
+        return self._derived(super().Split(color, key))
+
+    def Split_type(self, split_type, key=0, info=MPI.INFO_NULL):
+        return self._derived(super().Split_type(split_type, key, info))
+
+    def Create(self, group):
+        return self._derived(super().Create(group))
+
+    def Create_group(self, group, tag=0):
+        return self._derived(super().Create_group(group, tag))
+
+    # collectives
 
     def _reducible(self, arrays, op):
         if arrays is None or any(a is None for a in arrays):
@@ -80,32 +163,35 @@ class Comm(MPI.Intracomm):
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         if gpu.is_device_array(sendbuf) or gpu.is_device_array(recvbuf):
-            api.allreduce(sendbuf, recvbuf, op_name(op), comm=self, algorithm=self.algorithm)
+            api.allreduce(sendbuf, recvbuf, op_name(op), comm=self,
+                          algorithm=self._algorithms["allreduce"])
             return
         arrays = _plain(sendbuf, recvbuf)
         name = self._reducible(arrays, op)
         if name is None:
             return super().Allreduce(sendbuf, recvbuf, op)
-        api.allreduce(arrays[0], arrays[1], name, comm=self, algorithm=self.algorithm)
+        api.allreduce(arrays[0], arrays[1], name, comm=self,
+                      algorithm=self._algorithms["allreduce"])
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM):
         arrays = _plain(sendbuf, recvbuf)
         name = self._reducible(arrays, op)
         if name is None:
             return super().Reduce_scatter_block(sendbuf, recvbuf, op)
-        api.reduce_scatter(arrays[0], arrays[1], name, comm=self)
+        api.reduce_scatter(arrays[0], arrays[1], name, comm=self,
+                           algorithm=self._algorithms["reduce_scatter"])
 
     def Allgather(self, sendbuf, recvbuf):
         arrays = _plain(sendbuf, recvbuf)
         if arrays is None or any(a is None for a in arrays):
             return super().Allgather(sendbuf, recvbuf)
-        api.allgather(arrays[0], arrays[1], comm=self)
+        api.allgather(arrays[0], arrays[1], comm=self, algorithm=self._algorithms["allgather"])
 
     def Bcast(self, buf, root=0):
         arrays = _plain(buf)
         if arrays is None or arrays[0] is None:
             return super().Bcast(buf, root)
-        api.bcast(arrays[0], root, comm=self)
+        api.bcast(arrays[0], root, comm=self, algorithm=self._algorithms["bcast"])
 
     def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):
         if self.Get_rank() != root:
@@ -116,4 +202,5 @@ class Comm(MPI.Intracomm):
                                else arrays[:1], op)
         if name is None:
             return super().Reduce(sendbuf, recvbuf, op, root)
-        api.reduce(arrays[0], arrays[1], name, root, comm=self)
+        api.reduce(arrays[0], arrays[1], name, root, comm=self,
+                   algorithm=self._algorithms["reduce"])
