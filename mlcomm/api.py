@@ -20,7 +20,7 @@ from .session import MISS, SLOTS, Slot, bound_call, remembers, slot_key
 from .session import get as session_of
 from .transport.mpi import native_call, native_dtype_ok, op_name
 
-__all__ = ["allreduce", "iallreduce", "allreduce_init", "Persistent", "Request",
+__all__ = ["allreduce", "iallreduce", "istart", "allreduce_init", "Persistent", "Request",
            "reduce_scatter", "allgather", "bcast", "reduce", "IN_PLACE"]
 
 IN_PLACE = MPI.IN_PLACE
@@ -393,10 +393,28 @@ def iallreduce(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None, va
         run = partial(_run_device, "allreduce", sendbuf, recvbuf, op, comm, algorithm, 0,
                       validate, dict(options))
         return session.start(run, keep=(sendbuf, recvbuf))  # run() returns the result
-    args = ("allreduce", sendbuf, recvbuf, op, comm, algorithm, 0)
+    return istart("allreduce", sendbuf, recvbuf, op, comm=comm, algorithm=algorithm,
+                  validate=validate, **options)
+
+
+def istart(collective, sendbuf, recvbuf=None, op="sum", root=0, *, comm=None, algorithm=None,
+           validate=None, before=None, **options) -> Request:
+    """Start any collective of :data:`~mlcomm.COLLECTIVES` on host buffers and return at
+    once, as :func:`iallreduce` does: a :class:`Request` whose ``wait()`` returns what the
+    blocking call (``allreduce``, ``reduce_scatter``, ``allgather``, ``bcast`` with ``buf``
+    as ``sendbuf``, ``reduce``) returns. ``before``: a call that the progress thread makes
+    first; if it raises, the collective does not run and ``wait()`` raises its error."""
+    args = (collective, sendbuf, recvbuf, op, comm, algorithm, root)
     session, out, run, binding, finish = _bind_host(*args, validate, options)
-    result = _result("allreduce", out, sendbuf, recvbuf, session.rank, 0)
+    result = _result(collective, out, sendbuf, recvbuf, session.rank, root)
+    if before is not None:
+        run = partial(_in_turn, before, run)
     return session.start(run, finish, result, (sendbuf, recvbuf, out), binding)
+
+
+def _in_turn(first, then):
+    first()
+    then()
 
 
 def allreduce_init(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None, validate=None,
