@@ -21,10 +21,10 @@ the shorter is hidden entirely, 0 when the two run one after the other.
 
 Part ``ddp``: one training step (zero_grad, forward, backward, optimizer step) of an MLP
 (``--hidden`` wide, three hidden layers, synthetic data, ``--batch`` samples per rank)
-three ways: without communication, with :class:`mlcomm.torch.DistributedDataParallel`
-(each bucket's all-reduce starts as soon as backward has produced it) and with the same
-wrapper and buckets but every all-reduce started at the end of backward
-(``overlap=False``).
+three ways: without communication; with PyTorch's ``DistributedDataParallel`` on the
+``mlcomm`` backend (each bucket's all-reduce starts on mlcomm's progress thread as soon as
+backward has produced it); and with every gradient accumulated into one flat buffer and
+all-reduced (``dist.all_reduce``, op AVG) after backward.
 
 Every call is timed in the harness's interleaved rounds; a time is the median over rounds,
 averaged over ranks. Rank 0 prints the tables and writes ``bench/results/overlap_p{P}.json``.
@@ -164,14 +164,16 @@ def allreduce_part(comm, sizes, rounds) -> list:
 
 
 def ddp_part(comm, hidden, batch, bucket_mb, rounds) -> dict:
-    """Step times without communication, with DDP overlapped and with DDP after backward."""
+    """Step times without communication, with DDP during backward and all-reduced after."""
     import torch
+    import torch.distributed as dist
     from mpi4py import MPI
 
+    import mlcomm.torch  # noqa: F401 - the backend
     from mlcomm.benchmark.harness import interleaved
-    from mlcomm.torch import DistributedDataParallel
 
     torch.set_num_threads(1)
+    dist.init_process_group("mlcomm")
     g = torch.Generator().manual_seed(comm.rank)
     x = torch.randn(batch, 1024, generator=g)
     y = torch.randint(0, 10, (batch,), generator=g)
@@ -184,29 +186,36 @@ def ddp_part(comm, hidden, batch, bucket_mb, rounds) -> dict:
                              nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
                              nn.Linear(hidden, 10))
 
-    variants = {"no communication": model(),
-                "DDP, all-reduce during backward": DistributedDataParallel(
-                    model(), bucket_cap_mb=bucket_mb, comm=comm),
-                "DDP, all-reduce after backward": DistributedDataParallel(
-                    model(), bucket_cap_mb=bucket_mb, comm=comm, overlap=False)}
+    ddp = torch.nn.parallel.DistributedDataParallel(model(), bucket_cap_mb=bucket_mb)
+    after = model()
+    flat = torch.zeros(sum(p.numel() for p in after.parameters()))
+    offset = 0
+    for p in after.parameters():  # backward accumulates into views of one flat buffer
+        p.grad = flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    variants = {"no communication": (model(), None),
+                "DDP, all-reduce during backward": (ddp, None),
+                "all-reduce after backward": (after, flat)}
 
-    def step(net, opt):
+    def step(net, opt, grads):
         def run():
             opt.zero_grad(set_to_none=False)
             loss_fn(net(x), y).backward()
+            if grads is not None:
+                dist.all_reduce(grads, dist.ReduceOp.AVG)
             opt.step()
         return run
 
-    calls = {name: step(net, torch.optim.SGD(net.parameters(), lr=1e-6))
-             for name, net in variants.items()}
-    for call in calls.values():
+    calls = {name: step(net, torch.optim.SGD(net.parameters(), lr=1e-6), grads)
+             for name, (net, grads) in variants.items()}
+    for call in calls.values():  # DDP settles its buckets after the first step
+        call()
         call()
     medians = interleaved(calls, rounds, 3, comm, lambda: None)
     ms = {k: comm.allreduce(v, op=MPI.SUM) / comm.size * 1e3 for k, v in medians.items()}
-    ddp = variants["DDP, all-reduce during backward"]
-    params = sum(p.numel() for p in ddp.parameters())
-    return {"hidden": hidden, "batch": batch, "params": params, "bucket_cap_mb": bucket_mb,
-            "buckets": len(ddp.buckets), "step_ms": ms}
+    dist.destroy_process_group()
+    return {"hidden": hidden, "batch": batch, "params": int(flat.numel()),
+            "bucket_cap_mb": bucket_mb, "step_ms": ms}
 
 
 def format_tables(rec) -> str:
@@ -225,10 +234,10 @@ def format_tables(rec) -> str:
                          f"{r['efficiency']:8.2f}")
     if rec.get("ddp"):
         d = rec["ddp"]
-        base = d["step_ms"]["DDP, all-reduce after backward"]
+        base = d["step_ms"]["all-reduce after backward"]
         lines += ["", f"# {rec['ranks']} ranks: one training step of an MLP 1024-"
-                      f"{d['hidden']}x3-10 ({d['params'] / 1e6:.1f} M float32 parameters, "
-                      f"{d['buckets']} buckets of <= {d['bucket_cap_mb']:g} MiB), {d['batch']} "
+                      f"{d['hidden']}x3-10 ({d['params'] / 1e6:.1f} M float32 parameters, DDP "
+                      f"buckets of <= {d['bucket_cap_mb']:g} MiB), {d['batch']} "
                       f"samples per rank; ms, median of {rec['rounds']} interleaved rounds",
                   f"{'':34s} {'ms':>8s} {'/ after':>8s}"]
         for name, value in d["step_ms"].items():

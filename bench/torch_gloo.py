@@ -1,23 +1,27 @@
-"""mlcomm's all-reduce on PyTorch tensors against ``torch.distributed`` with gloo, in one job.
+"""torch.distributed on the mlcomm backend against gloo: one script, only the backend name
+changes.
 
-    mpiexec -n 2 python bench/torch_gloo.py
-    mpiexec -n 4 python bench/torch_gloo.py --sizes 8,64K,1M,16M --rounds 15
+    mpiexec -n 2 python bench/torch_gloo.py --backend mlcomm     # one job, one backend
+    python bench/torch_gloo.py --compare -n 2 --runs 3           # alternated jobs, the table
 
-Every rank joins a gloo process group (``env://``: MASTER_ADDR=127.0.0.1 and a free port
-that rank 0 picks, RANK and WORLD_SIZE from MPI) beside mlcomm's communicator. Per size,
-one float32 CPU tensor per contestant is summed in place over and over:
+A job (``--backend mlcomm`` or ``gloo``) imports ``mlcomm.torch`` (so that gloo too finds
+its peers from MPI, without ``MASTER_ADDR``), calls ``init_process_group(BACKEND)`` and
+times, in the harness's interleaved rounds (each round times every contestant after a
+barrier, in a shuffled order), with one torch thread per rank:
 
-- ``mlcomm``: ``mlcomm.allreduce(mlcomm.IN_PLACE, tensor)`` (``auto``'s choice, or
-  ``--algorithm``);
-- ``handle``: the same all-reduce through a persistent handle
-  (``mlcomm.allreduce_init``, as :class:`mlcomm.torch.DistributedDataParallel` uses);
-- ``gloo``: ``torch.distributed.all_reduce(tensor)``;
-- ``mpi``: ``MPI_Allreduce`` (mpi4py) on the tensor's memory, for reference.
+- ``dist.all_reduce`` of a float32 CPU tensor of each ``--sizes`` (sum, in place), and of a
+  bfloat16 tensor of as many elements (half the bytes), each checked for the exact sum
+  first;
+- a DDP training step of the trainer's CNN (``mlcomm train --framework torch --model cnn``:
+  72 k float32 parameters in one bucket; zero_grad, forward, backward, SGD step on 32
+  random 8x8 images per rank) with PyTorch's ``DistributedDataParallel``.
 
-Each is checked for the exact sum first. The calls are timed in interleaved rounds (the
-harness's ``interleaved``: each round times every contestant after a barrier, in an order
-rotated by one per round); a time is the median over rounds, averaged over ranks. Rank 0
-prints the table and writes ``bench/results/torch_gloo_p{P}.json``.
+A time is the median over rounds, averaged over ranks. Rank 0 writes the record (``--output``,
+default ``bench/results/torch_backend_{BACKEND}_p{P}.json``) and prints it.
+
+``--compare`` (run without mpiexec) starts ``--runs`` jobs of each backend at ``-n`` ranks,
+alternating mlcomm, gloo, mlcomm, ..., and prints each row's mlcomm/gloo ratio per run pair,
+with their median and range; it writes ``bench/results/torch_gloo_p{P}.json``.
 """
 
 from __future__ import annotations
@@ -26,12 +30,16 @@ import argparse
 import datetime
 import json
 import os
-import socket
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-TARGETS = {8: 0.1, 16 << 20: 0.5}   # mlcomm / gloo at most this
+BACKENDS = ("mlcomm", "gloo")
+#: the issue's targets: mlcomm's time / gloo's at most this
+TARGETS = {"all_reduce float32 8": 0.05, "all_reduce float32 16M": 0.4, "DDP step (CNN)": 0.7}
 
 
 def _parser():
@@ -39,111 +47,141 @@ def _parser():
     from mlcomm.benchmark.harness import parse_size
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("-s", "--sizes", default="8,64K,1M,16M",
+    p.add_argument("--backend", choices=BACKENDS, help="one job: the backend to time")
+    p.add_argument("--compare", action="store_true",
+                   help="start alternated jobs of both backends and print the ratios")
+    p.add_argument("-n", "--ranks", type=positive_int, default=2, help="--compare: job size")
+    p.add_argument("--runs", type=positive_int, default=3, help="--compare: jobs per backend")
+    p.add_argument("-s", "--sizes", default="8,16M",
                    type=lambda text: [parse_size(s) for s in text.split(",") if s.strip()],
-                   help="comma-separated sizes in bytes, multiples of 4 (default %(default)s)")
-    p.add_argument("-a", "--algorithm", default=None, help="mlcomm algorithm (default auto)")
+                   help="float32 all_reduce sizes in bytes, multiples of 4 (default %(default)s)")
     p.add_argument("-r", "--rounds", type=positive_int, default=15, help="interleaved rounds")
-    p.add_argument("--output", type=Path, default=None,
-                   help="JSON file (default bench/results/torch_gloo_p{P}.json)")
+    p.add_argument("--output", type=Path, default=None, help="the JSON record")
     return p
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def init_gloo(comm):
-    """Join a gloo process group of the ranks of ``comm`` (env:// on 127.0.0.1)."""
-    import torch.distributed as dist
-
-    port = comm.bcast(_free_port() if comm.rank == 0 else None, root=0)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                      RANK=str(comm.rank), WORLD_SIZE=str(comm.size))
-    dist.init_process_group("gloo", init_method="env://")
-    return dist
 
 
 def _per_round(nbytes: int) -> int:
     return max(4, min(400, (32 << 20) // max(nbytes, 1)))
 
 
-def measure(comm, args) -> dict | None:
-    """Time every contestant at every size; return rank 0's record (None elsewhere)."""
-    import numpy as np
+def measure(args) -> dict | None:
+    """Time the backend's all_reduce and DDP step; rank 0's record (None elsewhere)."""
     import torch
+    import torch.distributed as dist
     from mpi4py import MPI
 
-    import mlcomm
-    from mlcomm.benchmark.harness import interleaved
+    import mlcomm.torch  # noqa: F401 - the backend, and gloo's peers from MPI
+    from mlcomm.benchmark.harness import format_size, interleaved
+    from mlcomm.trainer.torch_bsp import TorchModel
 
-    dist = init_gloo(comm)
-    p = comm.size
-    rows = []
+    comm = MPI.COMM_WORLD
+    torch.set_num_threads(1)
+    dist.init_process_group(args.backend)
+    p, rank = dist.get_world_size(), dist.get_rank()
+    calls, tensors = {}, []
     for nbytes in args.sizes:
         if nbytes < 4 or nbytes % 4:
             raise ValueError(f"--sizes: {nbytes} is not a positive multiple of 4 (float32)")
-        n = nbytes // 4
-        t_ml, t_h, t_gloo, t_mpi = (torch.full((n,), float(comm.rank + 1)) for _ in range(4))
-        view = t_mpi.numpy()
-        calls = {
-            "mlcomm": lambda: mlcomm.allreduce(mlcomm.IN_PLACE, t_ml, algorithm=args.algorithm),
-            "handle": mlcomm.allreduce_init(mlcomm.IN_PLACE, t_h, algorithm=args.algorithm),
-            "gloo": lambda: dist.all_reduce(t_gloo),
-            "mpi": lambda: comm.Allreduce(MPI.IN_PLACE, view, MPI.SUM),
-        }
-        for name, call in calls.items():  # the exact sum first
-            call()
-        for name, t in (("mlcomm", t_ml), ("handle", t_h), ("gloo", t_gloo), ("mpi", t_mpi)):
+        for dtype in (torch.float32, torch.bfloat16):
+            t = torch.full((nbytes // 4,), float(rank + 1), dtype=dtype)
+            dist.all_reduce(t)  # the exact sum first, then zeros: no overflow over many calls
             if not torch.all(t == p * (p + 1) / 2):
-                raise RuntimeError(f"{name} gave a wrong sum at {nbytes} bytes")
-            t.zero_()  # zeros stay zeros: no overflow over many calls
-        medians = interleaved(calls, args.rounds, _per_round(nbytes), comm, lambda: None)
-        us = {k: comm.allreduce(v, op=MPI.SUM) / p * 1e6 for k, v in medians.items()}
-        rows.append({"bytes": nbytes, "time_us": us, "mlcomm_over_gloo": us["mlcomm"] / us["gloo"],
-                     "handle_over_gloo": us["handle"] / us["gloo"], "target": TARGETS.get(nbytes)})
+                raise RuntimeError(f"{args.backend}: wrong {dtype} sum at {nbytes} bytes")
+            t.zero_()
+            name = f"all_reduce {str(dtype).split('.')[1]} {format_size(nbytes)}"
+            calls[name] = (lambda x: lambda: dist.all_reduce(x))(t)
+            tensors.append((name, nbytes))
+    model = TorchModel("cnn", 64, 10, dtype="float32", seed=0).module
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    g = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        loss_fn(ddp(x), y).backward()
+        opt.step()
+    for _ in range(3):  # DDP rebuilds its buckets after the first step
+        step()
+    calls["DDP step (CNN)"] = step
+    per_round = {name: _per_round(nbytes) for name, nbytes in tensors}
+    per_round["DDP step (CNN)"] = 10
+    medians = {}
+    for group in sorted(set(per_round.values())):  # calls of one count per round together
+        names = [n for n in calls if per_round[n] == group]
+        medians.update(interleaved({n: calls[n] for n in names}, args.rounds, group, comm,
+                                   lambda: None))
+    us = {k: comm.allreduce(medians[k], op=MPI.SUM) / p * 1e6 for k in calls}
     dist.destroy_process_group()
-    if comm.rank:
+    if rank:
         return None
-    return {"ranks": p, "dtype": "float32", "op": "sum", "rounds": args.rounds,
-            "algorithm": args.algorithm or "auto", "torch": torch.__version__,
-            "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+    return {"backend": args.backend, "ranks": p, "rounds": args.rounds, "time_us": us,
+            "params": sum(q.numel() for q in model.parameters()),
+            "torch": torch.__version__, "mpi": MPI.Get_library_version().splitlines()[0].strip(),
             "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": "mpiexec -n %d python bench/torch_gloo.py %s" % (p, " ".join(sys.argv[1:])),
-            "rows": rows}
+            "command": "mpiexec -n %d python bench/torch_gloo.py %s"
+                       % (p, " ".join(sys.argv[1:]))}
+
+
+def compare(args) -> dict:
+    """Start the alternated jobs; return the record of every run and the ratios."""
+    mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or "mpiexec"
+    runs = {b: [] for b in BACKENDS}
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(args.runs):
+            for backend in BACKENDS:
+                out = Path(tmp) / f"{backend}{k}.json"
+                cmd = [mpiexec, "-n", str(args.ranks), sys.executable, __file__, "--backend",
+                       backend, "--rounds", str(args.rounds), "--sizes",
+                       ",".join(map(str, args.sizes)), "--output", str(out)]
+                subprocess.run(cmd, check=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                               stdout=subprocess.DEVNULL)
+                runs[backend].append(json.loads(out.read_text()))
+    rows = []
+    for name in runs["mlcomm"][0]["time_us"]:
+        ml = [r["time_us"][name] for r in runs["mlcomm"]]
+        gl = [r["time_us"][name] for r in runs["gloo"]]
+        ratios = sorted(a / b for a, b in zip(ml, gl))
+        rows.append({"name": name, "mlcomm_us": ml, "gloo_us": gl, "ratios": ratios,
+                     "ratio_median": ratios[len(ratios) // 2], "target": TARGETS.get(name)})
+    return {"ranks": args.ranks, "runs": args.runs, "rounds": args.rounds, "rows": rows,
+            "when": runs["mlcomm"][0]["when"], "torch": runs["mlcomm"][0]["torch"],
+            "mpi": runs["mlcomm"][0]["mpi"],
+            "command": f"python bench/torch_gloo.py --compare -n {args.ranks} --runs "
+                       f"{args.runs} --rounds {args.rounds}"}
 
 
 def format_table(rec) -> str:
-    from mlcomm.benchmark.harness import format_size
-
-    lines = [f"# {rec['ranks']} ranks, float32 sum of a CPU tensor in place; µs per call "
-             f"(median of {rec['rounds']} interleaved rounds, mean over ranks)",
-             f"{'size':>6s} {'mlcomm':>9s} {'handle':>9s} {'gloo':>9s} {'MPI':>9s} "
-             f"{'mlcomm/gloo':>12s} {'handle/gloo':>12s} {'target':>7s}"]
+    lines = [f"# P = {rec['ranks']}: µs per call (median of {rec['rounds']} interleaved rounds, "
+             f"mean over ranks), {rec['runs']} jobs per backend, alternated",
+             f"{'':24s} {'mlcomm':>18s} {'gloo':>20s} {'mlcomm/gloo':>20s} {'target':>7s}"]
     for r in rec["rows"]:
-        t = r["time_us"]
+        span = lambda v: f"{min(v):.1f}-{max(v):.1f}"
+        ratio = f"{r['ratio_median']:.3f} ({min(r['ratios']):.3f}-{max(r['ratios']):.3f})"
         target = f"<= {r['target']}" if r["target"] else ""
-        lines.append(f"{format_size(r['bytes']):>6s} {t['mlcomm']:9.1f} {t['handle']:9.1f} "
-                     f"{t['gloo']:9.1f} {t['mpi']:9.1f} {r['mlcomm_over_gloo']:12.3f} "
-                     f"{r['handle_over_gloo']:12.3f} {target:>7s}")
+        lines.append(f"{r['name']:24s} {span(r['mlcomm_us']):>18s} {span(r['gloo_us']):>20s} "
+                     f"{ratio:>20s} {target:>7s}")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
-    from mpi4py import MPI
-
-    from mlcomm.cli import parse_args
-
-    comm = MPI.COMM_WORLD
-    args = parse_args(_parser(), argv)
-    rec = measure(comm, args)
-    if comm.rank == 0:
-        args.output = args.output or HERE / "results" / f"torch_gloo_p{comm.size}.json"
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(rec, indent=1) + "\n")
+    args = _parser().parse_args(argv)
+    if args.compare:
+        rec = compare(args)
+        out = args.output or HERE / "results" / f"torch_gloo_p{args.ranks}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rec, indent=1) + "\n")
         print(format_table(rec), end="")
+        return 0
+    if args.backend is None:
+        raise SystemExit("give --backend mlcomm|gloo (under mpiexec) or --compare")
+    rec = measure(args)
+    if rec is not None:
+        out = args.output or HERE / "results" / f"torch_backend_{args.backend}_p{rec['ranks']}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rec, indent=1) + "\n")
+        print(json.dumps(rec["time_us"], indent=1))
     return 0
 
 

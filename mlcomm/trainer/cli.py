@@ -26,8 +26,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = TrainConfig()
     g = p.add_argument_group("data and model")
     g.add_argument("--framework", default=d.framework, choices=("numpy", "torch"),
-                   help="numpy: hand-written backprop, every --sync mode; torch: PyTorch with "
-                        "mlcomm.torch.DistributedDataParallel (bsp) (default %(default)s)")
+                   help="numpy: hand-written backprop, every --sync mode; torch: PyTorch's "
+                        "DistributedDataParallel (bsp) (default %(default)s)")
+    g.add_argument("--backend", default=d.backend, choices=("mlcomm", "gloo"),
+                   help="--framework torch: the torch.distributed backend (default "
+                        "%(default)s; gloo to compare)")
     g.add_argument("--data", default=d.data, help="digits (scikit-learn, offline) or synthetic")
     g.add_argument("--model", default=d.model,
                    help="softmax, mlp (= mlp1), mlp1 or mlp2; cnn with --framework torch "
@@ -53,7 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--weight-decay", type=float, default=d.weight_decay)
     g = p.add_argument_group("gradient exchange")
     g.add_argument("--sync", default=d.sync, help="bsp, ssp, async or backup (default bsp)")
-    g.add_argument("--algorithm", default=d.algorithm, help="mlcomm all-reduce algorithm for bsp")
+    g.add_argument("--algorithm", default=d.algorithm,
+                   help="mlcomm all-reduce algorithm for bsp (torch: the mlcomm backend's)")
     g.add_argument("--bucket-mb", type=float, default=d.bucket_mb,
                    help="gradient fusion threshold in MiB (0: one all-reduce per tensor); "
                         "torch: DDP's bucket_cap_mb")

@@ -1,10 +1,11 @@
-"""``--framework torch``: PyTorch models trained with :class:`mlcomm.torch.DistributedDataParallel`.
+"""``--framework torch``: PyTorch models trained with PyTorch's DistributedDataParallel.
 
 The model's parameters live in one flat tensor (each parameter a view into it), so the
 trainer's ``params`` is a NumPy view of the live weights, as for the NumPy models. A step
 is PyTorch's own loop: forward on this rank's share of the global batch, backward (during
-which DDP all-reduces the gradient buckets), the optimizer step; the loss sum and the stop
-flag travel in one small non-blocking mlcomm all-reduce that overlaps the optimizer step.
+which DDP all-reduces the gradient buckets on the ``torch.distributed`` backend, ``mlcomm``
+or ``gloo``), the optimizer step; the loss sum and the stop flag travel in one small
+non-blocking mlcomm all-reduce that overlaps the optimizer step.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import time
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
-from ..torch import DistributedDataParallel
 from .data import batch_indices, shard
 from .sync import Mode, StepInfo, _columns
 
@@ -108,7 +109,12 @@ def _threads(comm):
 
 
 class TorchBSP(Mode):
-    """Synchronous data parallelism with mlcomm's DDP wrapper: gradients average in backward."""
+    """Synchronous data parallelism with PyTorch's DDP: gradients average in backward.
+
+    The job's default process group is initialised on ``--backend`` unless it already is
+    (then on that backend); on mlcomm's, ``--algorithm`` is the gradient all-reduce's, its
+    bytes are counted and its calls are the timeline's communication spans.
+    """
 
     records_timeline = True
 
@@ -116,9 +122,14 @@ class TorchBSP(Mode):
         super().__init__(ctx)
         cfg, model = ctx.cfg, ctx.model
         _threads(ctx.comm)
-        self.ddp = DistributedDataParallel(model.module, bucket_cap_mb=cfg.bucket_mb,
-                                           algorithm=cfg.algorithm, comm=ctx.comm,
-                                           timeline=ctx.timeline)
+        self.created = _init_process_group(cfg)
+        if dist.get_world_size() != self.size:
+            raise ValueError(f"--framework torch trains on torch.distributed's default group "
+                             f"({dist.get_world_size()} ranks), not on this communicator of "
+                             f"{self.size}: call train() on MPI.COMM_WORLD")
+        group = dist.group.WORLD
+        self.ddp = torch.nn.parallel.DistributedDataParallel(model.module,
+                                                             bucket_cap_mb=cfg.bucket_mb)
         self.opt = torch.optim.SGD(model.module.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                    weight_decay=cfg.weight_decay)
         self.x = model.tensor(ctx.data.x_train)
@@ -126,14 +137,26 @@ class TorchBSP(Mode):
         self.extras = np.zeros(2)   # this rank's loss sum and stop flag, summed over ranks
         self.extras_sum = self.wire.allreduce_init(self.extras)
         self.loss_fn = torch.nn.CrossEntropyLoss()
+        self.buckets = []           # this step's all-reduces: (start, end, queued, bytes)
+        self.mlcomm = dist.get_backend(group) == "mlcomm"
+        if self.mlcomm:
+            group._register_on_completion_hook(self._on_work)
+            self.wire.count(group.session)
         self._warm_up()
 
     def _warm_up(self):
-        """Plan every bucket's all-reduce (and the extras') before the clock starts."""
+        """Two steps' forward and backward before the clock starts: DDP settles its buckets
+        (rebuilt after the first) and mlcomm plans their all-reduces (and the extras')."""
         idx = torch.arange(min(len(self.y), self.ctx.cfg.batch_size))
-        self.loss_fn(self.ddp(self.x[idx]), self.y[idx]).backward()
+        for _ in range(2):
+            self.loss_fn(self.ddp(self.x[idx]), self.y[idx]).backward()
         self.opt.zero_grad(set_to_none=False)
         self.extras_sum()
+
+    def _on_work(self, info):
+        """The backend's hook (progress thread): one all-reduce of this step completed."""
+        self.buckets.append((info.time_started, info.time_finished, info.time_queued,
+                             info.nbytes))
 
     def step(self, t):
         c, info = self.ctx, StepInfo(step=t)
@@ -142,10 +165,14 @@ class TorchBSP(Mode):
                                                    c.cfg.seed), self.rank, self.size))
         c.straggle(t)
         self.opt.zero_grad(set_to_none=False)
-        loss = self.loss_fn(self.ddp(self.x[idx]), self.y[idx])
+        self.buckets = []
+        out = self.ddp(self.x[idx])
+        tf = time.perf_counter()
+        loss = self.loss_fn(out, self.y[idx])
         loss.backward()                              # averages the gradients
         t1 = time.perf_counter()
-        wait = self.ddp.last_backward["wait_s"]
+        # backward's end waited for the all-reduces from the last one's start on
+        wait = max(0.0, t1 - max(q for _, _, q, _ in self.buckets)) if self.buckets else 0.0
         self.extras[:] = float(loss.detach()) * len(idx), 1.0 if c.stop_requested() else 0.0
         self.extras_sum.start()                      # overlaps the optimizer step
         for group in self.opt.param_groups:
@@ -155,6 +182,13 @@ class TorchBSP(Mode):
         extras = self.extras_sum.wait()
         t3 = time.perf_counter()
         if c.timeline is not None:
+            c.timeline.add("forward", t0, tf, "compute")
+            c.timeline.add("backward", tf, t1 - wait, "compute")
+            if wait > 0:
+                c.timeline.add("wait for all-reduces", t1 - wait, t1, "compute")
+            for i, (start, end, _, nbytes) in enumerate(self.buckets):
+                c.timeline.add(f"all-reduce bucket {i}", start, end, "communication",
+                               bytes=nbytes)
             c.timeline.add("optimizer step", t1, t2, "compute")
             c.timeline.add("all-reduce loss", t1, t3, "communication")
             if t3 > t2:
@@ -166,3 +200,17 @@ class TorchBSP(Mode):
         info.stop = bool(extras[1] > 0)
         info.columns = _columns(1, c.global_batch)
         return info
+
+    def finish(self):
+        if self.created:
+            dist.destroy_process_group()
+
+
+def _init_process_group(cfg) -> bool:
+    """Initialise torch.distributed on ``cfg.backend`` unless it is; whether this did."""
+    from ..torch import Options  # the mlcomm backend, and gloo's peers from MPI
+    if dist.is_initialized():
+        return False
+    options = Options(algorithm=cfg.algorithm) if cfg.backend == "mlcomm" else None
+    dist.init_process_group(cfg.backend, pg_options=options)
+    return True

@@ -30,6 +30,7 @@ __all__ = ["TrainConfig", "TrainResult", "train", "validate"]
 MODES = {"bsp": BSP, "ssp": SSP, "async": AsyncPS, "backup": Backup}
 SYNC_MODES = tuple(MODES)
 FRAMEWORKS = ("numpy", "torch")
+BACKENDS = ("mlcomm", "gloo")          # torch.distributed backends of --framework torch
 NUMPY_MODELS = ("softmax", "mlp", "mlp1", "mlp2")
 
 
@@ -38,6 +39,7 @@ class TrainConfig:
     """Every option of ``mlcomm train`` (see ``mlcomm train --help``)."""
 
     framework: str = "numpy"
+    backend: str = "mlcomm"            # --framework torch: the torch.distributed backend
     data: str = "digits"
     model: str = "mlp1"
     hidden: tuple = (128,)
@@ -168,6 +170,8 @@ def validate(cfg: TrainConfig, size: int) -> TrainConfig:
         raise ValueError(f"--framework: choose numpy or torch, not {cfg.framework!r}")
     if cfg.framework == "torch":
         _validate_torch(cfg)
+    elif cfg.backend != "mlcomm":
+        raise ValueError("--backend applies to --framework torch")
     elif cfg.model not in NUMPY_MODELS:
         more = " (cnn needs --framework torch)" if cfg.model == "cnn" else ""
         raise ValueError(f"--model: unknown model {cfg.model!r} (choose softmax, mlp1 or "
@@ -190,6 +194,8 @@ def _validate_torch(cfg):
                          "--sync bsp and --compress none only")
     if cfg.checkpoint:
         raise ValueError("--checkpoint applies to --framework numpy")
+    if cfg.backend not in BACKENDS:
+        raise ValueError(f"--backend: choose mlcomm or gloo, not {cfg.backend!r}")
 
 
 class _Context:

@@ -40,16 +40,22 @@ class Wire:
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.session = session_of(comm)  # collective: every rank builds its Wire together
+        self.sessions = [self.session]
+        self.reset()
+
+    def count(self, session) -> None:
+        """Count what mlcomm sends on another communicator's ``session`` too."""
+        self.sessions.append(session)
         self.reset()
 
     def reset(self) -> None:
-        self._base = self.session.bytes_sent()
+        self._base = sum(s.bytes_sent() for s in self.sessions)
         self._p2p = 0
         self._taken = 0
 
     @property
     def total(self) -> int:
-        return self._p2p + self.session.bytes_sent() - self._base
+        return self._p2p + sum(s.bytes_sent() for s in self.sessions) - self._base
 
     def take(self) -> int:
         """Return the bytes counted since the last call."""

@@ -1,0 +1,582 @@
+"""The ``mlcomm`` process group: torch.distributed's collectives on mlcomm's algorithms.
+
+:class:`ProcessGroupMlcomm` is a Python subclass of ``torch.distributed.ProcessGroup``, the
+form torch accepts for a backend written in Python (torch's ``test_c10d_pypg.py``); torch
+calls its methods from ``torch.distributed``'s functions and from DDP's C++ reducer. A
+collective:
+
+1. checks its tensors (on the CPU, contiguous, a dtype and op mlcomm reduces) and compares
+   the call across the group's ranks: a checksum of the call's description (or of this
+   rank's error) goes through one 2-element mlcomm all-reduce (max) on a communicator of its
+   own. A call that differs on some rank (shape, dtype, op, root, collective) or fails on
+   one raises the same error on every rank, where it would otherwise hang or crash;
+2. runs on mlcomm: blocking in the caller's thread (``async_op=False``), or started on the
+   communicator's progress thread (``async_op=True``, and every call of DDP's reducer),
+   where started calls run one after another in the order they were started
+   (:func:`mlcomm.api.istart`). A started call that this rank has made before (the same
+   description) is compared there too, just before it runs, so it returns at once; a
+   blocking call, and a call not made before (whose first run may agree on ``auto``'s
+   choice across the ranks), are compared in the caller's thread, after the calls started
+   before them;
+3. returns a :class:`Work`: ``wait()`` waits for it and raises its error, ``get_future()``
+   is a ``torch.futures.Future`` of its output tensors, completed on the progress thread
+   (so its callbacks run there and must not wait for a later call of the group).
+
+``send`` and ``recv`` are MPI's non-blocking point-to-point calls on a duplicate of the
+communicator; their Work waits for the MPI request. Hooks registered with
+``_register_on_completion_hook`` (torch's name) get a :class:`WorkInfo` for each collective.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import zlib
+from functools import partial
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+from ..api import IN_PLACE, allgather, allreduce, allreduce_init, bcast, istart, reduce, \
+    reduce_scatter
+from ..session import get as session_of
+from ..tensors import as_array
+
+__all__ = ["ProcessGroupMlcomm", "Work", "WorkInfo", "Options", "create"]
+
+_R = dist.ReduceOp.RedOpType
+_OPS = {_R.SUM: "sum", _R.AVG: "avg", _R.PRODUCT: "prod", _R.MIN: "min", _R.MAX: "max",
+        _R.BAND: "band", _R.BOR: "bor", _R.BXOR: "bxor"}
+_BOOL_OPS = {"min": "band", "max": "bor"}  # the same on booleans, where mlcomm's min/max refuse
+_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                     torch.uint16, torch.uint32, torch.uint64, torch.float16, torch.bfloat16,
+                     torch.float32, torch.float64, torch.complex64, torch.complex128})
+_KEEP = 4096  # descriptions kept of the calls run
+_GLOO = "or run it on a gloo group beside this one: dist.new_group(backend='gloo')"
+_UNSUPPORTED = {
+    "gather": "all_gather gives every rank every tensor (keep the root's)",
+    "scatter": "broadcast the whole tensor and take this rank's part",
+    "alltoall": "all_gather every rank's tensors and take this rank's parts",
+    "all_to_all_single": "all_gather every rank's tensors and take this rank's parts",
+    "alltoall_base": "all_gather every rank's tensors and take this rank's parts",
+    "monitored_barrier": "barrier compares every call across the ranks already",
+}
+
+
+class Options:
+    """``pg_options`` of ``init_process_group("mlcomm", ...)`` and ``new_group``: the
+    all-reduce's mlcomm algorithm (default ``MLCOMM_ALGORITHM`` or ``auto``) and its options
+    (``segment_bytes=``...). The other collectives take ``auto``'s choice."""
+
+    def __init__(self, algorithm: str | None = None, **options):
+        self.algorithm, self.options = algorithm, options
+
+    def __repr__(self):
+        return f"Options(algorithm={self.algorithm!r}, **{self.options!r})"
+
+
+@dataclasses.dataclass
+class WorkInfo:
+    """One completed collective, as hooks see it: torch's op name (``allreduce``...), its
+    sequence number in the group, its output bytes, and ``time.perf_counter()`` seconds:
+    when the call started it, when it began to run (after the calls started before it), and
+    when it completed."""
+
+    op_type: str
+    seq: int
+    nbytes: int
+    time_queued: float
+    time_started: float
+    time_finished: float
+
+
+class Work(dist.Work):
+    """A call of the group: ``wait()`` until it is complete (raising its error)."""
+
+    def __init__(self, group, outputs, requests=(), source=None):
+        super().__init__()
+        self._group, self._outputs, self._requests = group, outputs, requests
+        self._source = source  # recv_anysource's MPI status
+        self._future = None
+
+    def wait(self, timeout=None) -> bool:
+        for request in self._requests:  # in order: the first error is raised
+            request.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return all(r.test() for r in self._requests)
+
+    def is_success(self) -> bool:
+        try:
+            return self.is_completed() and self.wait()
+        except Exception:
+            return False
+
+    def exception(self):
+        try:
+            self.wait()
+        except Exception as exc:
+            return exc
+        return None
+
+    def result(self):
+        return self._outputs
+
+    def _source_rank(self) -> int:
+        if self._source is None:
+            raise RuntimeError("_source_rank(): this Work is not a recv from any source")
+        self.wait()
+        return self._source.Get_source()
+
+    def get_future(self) -> torch.futures.Future:
+        """A future of the output tensors: set on the progress thread once the call and
+        every call started before it are complete."""
+        if self._future is None:
+            self._future = future = torch.futures.Future()
+            if self.is_completed():
+                self._settle()
+            else:
+                self._group._later(self._settle)
+        return self._future
+
+    def _settle(self):
+        try:
+            self.wait()
+        except Exception as exc:
+            self._future.set_exception(exc)
+        else:
+            self._future.set_result(self._outputs)
+
+
+class _Point:
+    """An MPI request with the ``wait()`` and ``test()`` of mlcomm's (its status kept from
+    the call that completed it)."""
+
+    __slots__ = ("request", "status", "done")
+
+    def __init__(self, request, status=None):
+        self.request, self.status, self.done = request, status, False
+
+    def wait(self):
+        if not self.done:
+            self.request.Wait(self.status)
+            self.done = True
+
+    def test(self) -> bool:
+        if not self.done:
+            self.done = self.request.Test(self.status)
+        return self.done
+
+
+def _bytes(tensor):
+    return as_array(tensor, "tensor").reshape(-1).view(np.uint8)
+
+
+class ProcessGroupMlcomm(dist.ProcessGroup):
+    """torch.distributed's process group over the MPI communicator ``comm`` (see the module
+    docstring); ``options``: an :class:`Options`."""
+
+    def __init__(self, comm, options: Options | None = None):
+        super().__init__(comm.Get_rank(), comm.Get_size())
+        self.comm = comm
+        self._rank, self._size = comm.Get_rank(), comm.Get_size()
+        self.session = session_of(comm)  # collective: every member creates the group together
+        options = options or Options()
+        self._allreduce = {"algorithm": options.algorithm, **options.options}
+        self._check_comm = comm.Dup()
+        self._sig = np.zeros(2, np.int64)
+        self._agree = allreduce_init(IN_PLACE, self._sig, "max", comm=self._check_comm)
+        self._p2p = comm.Dup()
+        self._hooks = []
+        self._seq = 0
+        self._last_finished = 0.0
+        self._known = {}  # (op, dtype, shape) -> (mlcomm op, description): all-reduces seen
+        self._seen = set()  # descriptions of the calls this rank has run
+        self._name = self._desc = ""
+
+    # torch's identity of the backend
+
+    def getBackendName(self) -> str:
+        return "mlcomm"
+
+    def name(self) -> str:
+        return "mlcomm"
+
+    # torch keeps a group's name and description on its C++ backends, which a Python group
+    # has none of: these keep them here
+    def getGroupName(self) -> str:
+        return self._name
+
+    def setGroupName(self, name: str) -> None:
+        self._name = name
+
+    def getGroupDesc(self) -> str:
+        return self._desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._desc = desc
+
+    # collectives
+
+    def allreduce(self, tensors, opts=None):
+        opts = opts or dist.AllreduceOptions()
+        t = tensors[0]
+        key = (opts.reduceOp.op, t.dtype, t.shape)
+        known = self._known.get(key)
+        if known is not None and len(tensors) == 1 and t.is_cpu and t.is_contiguous():
+            op, described, problem = *known, None  # checked here before: compared only
+        else:
+            problem, op, described = self._describe("all_reduce", tensors, opts.reduceOp)
+            if problem is None and len(self._known) < _KEEP:
+                self._known[key] = op, described
+        if not opts.asyncOp and not self._hooks and problem is None:  # a small call's path
+            self.session.wait_started()
+            self._compare("all_reduce", described, None)
+            allreduce(IN_PLACE, t, op, comm=self.comm, **self._allreduce)
+            return Work(self, tensors)
+        return self._go("allreduce", described, problem, [("allreduce", IN_PLACE, t, op, 0)],
+                        tensors, opts.asyncOp, **self._allreduce)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts or dist.AllreduceCoalescedOptions()
+        problem, op, described = self._describe("all_reduce_coalesced", tensors, opts.reduceOp)
+        return self._go("allreduce_coalesced", described, problem,
+                        [("allreduce", IN_PLACE, t, op, 0) for t in tensors], tensors,
+                        opts.asyncOp, **self._allreduce)
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts or dist.BroadcastOptions()
+        problem, _, described = self._describe("broadcast", tensors, root=opts.rootRank)
+        return self._go("broadcast", described, problem,
+                        [("bcast", t, None, "sum", opts.rootRank) for t in tensors[:1]],
+                        tensors, opts.asyncOp)
+
+    def reduce(self, tensors, opts=None):
+        opts = opts or dist.ReduceOptions()
+        root = opts.rootRank
+        problem, op, described = self._describe("reduce", tensors, opts.reduceOp, root=root)
+        return self._go("reduce", described, problem,  # in place on the root
+                        [("reduce", t, t if self._rank == root else None, op, root)
+                         for t in tensors[:1]], tensors, opts.asyncOp)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        (outputs,), (t,) = output_tensors, input_tensors
+        problem, _, described = self._describe("all_gather", input_tensors,
+                                               lists=[(outputs, t)])
+        flat = torch.empty((self._size, *t.shape), dtype=t.dtype) if problem is None else t
+
+        def copy_out():
+            for out, part in zip(outputs, flat):
+                out.copy_(part)
+        return self._go("allgather", described, problem, [("allgather", t, flat, "sum", 0)],
+                        outputs, opts.asyncOp, after=copy_out)
+
+    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
+        works = [self.allgather([outs], [t], opts) for outs, t in zip(output_lists, input_tensors)]
+        return Work(self, [t for outs in output_lists for t in outs],
+                    [r for w in works for r in w._requests])
+
+    def all_gather_single(self, output, input, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        problem, _, described = self._describe("all_gather_into_tensor", [input],
+                                               gathered=[(output, input)])
+        return self._go("_allgather_base", described, problem,
+                        [self._gather_call(output, input)], [output], opts.asyncOp)
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        problem, _, described = self._describe("all_gather_into_tensor_coalesced", inputs,
+                                               gathered=list(zip(outputs, inputs)))
+        return self._go("allgather_coalesced", described, problem,
+                        [self._gather_call(o, i) for o, i in zip(outputs, inputs)],
+                        outputs, opts.asyncOp)
+
+    def _gather_call(self, output, input):
+        """The mlcomm allgather of ``input`` into ``output``: in place where ``input`` is
+        this rank's block of ``output`` (as FSDP2 gathers)."""
+        block = input.numel() * input.element_size()
+        if input.data_ptr() == output.data_ptr() + self._rank * block and input.numel() and \
+                input.untyped_storage().data_ptr() == output.untyped_storage().data_ptr():
+            return "allgather", IN_PLACE, output, "sum", 0
+        return "allgather", input, output, "sum", 0
+
+    def reduce_scatter(self, output_tensors, input_lists, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        (out,), (inputs,) = output_tensors, input_lists
+        problem, op, described = self._describe("reduce_scatter", output_tensors, opts.reduceOp,
+                                                lists=[(inputs, out)])
+        flat = torch.cat([t.reshape(-1) for t in inputs]) if problem is None else out
+        return self._go("reduce_scatter", described, problem,
+                        [("reduce_scatter", flat, out, op, 0)], [out], opts.asyncOp)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        problem, op, described = self._describe("reduce_scatter_tensor", [output],
+                                                opts.reduceOp, gathered=[(input, output)])
+        return self._go("_reduce_scatter_base", described, problem,
+                        [("reduce_scatter", input, output, op, 0)], [output], opts.asyncOp)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        problem, op, described = self._describe("reduce_scatter_tensor_coalesced", outputs,
+                                                opts.reduceOp,
+                                                gathered=list(zip(inputs, outputs)))
+        return self._go("reduce_scatter_coalesced", described, problem,
+                        [("reduce_scatter", i, o, op, 0) for o, i in zip(outputs, inputs)],
+                        outputs, opts.asyncOp)
+
+    # the names torch used before 2.10 for the same calls
+    _allgather_base = all_gather_single
+    _reduce_scatter_base = reduce_scatter_single
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def barrier(self, opts=None):
+        """Complete once every rank has entered it and every call started before it has
+        completed on this rank: the comparison across the ranks is the barrier."""
+        opts = opts or dist.BarrierOptions()
+        check = partial(self._compare, "barrier", "barrier", None)
+        if opts.asyncOp:
+            return Work(self, [], [self.session.start(check)])
+        self.session.wait_started()
+        check()
+        return Work(self, [])
+
+    # point to point
+
+    def send(self, tensors, dst, tag):
+        _raise(self._local("send", tensors))
+        (t,) = tensors
+        return Work(self, [t], [_Point(self._p2p.Isend(_bytes(t), dst, tag))])
+
+    def recv(self, tensors, src, tag):
+        _raise(self._local("recv", tensors))
+        (t,) = tensors
+        return Work(self, [t], [_Point(self._p2p.Irecv(_bytes(t), src, tag))])
+
+    def recv_anysource(self, tensors, tag):
+        _raise(self._local("recv", tensors))
+        (t,) = tensors
+        status = MPI.Status()
+        point = _Point(self._p2p.Irecv(_bytes(t), MPI.ANY_SOURCE, tag), status)
+        return Work(self, [t], [point], source=status)
+
+    # hooks and life
+
+    def _register_on_completion_hook(self, hook) -> None:
+        """Call ``hook(WorkInfo)`` after each collective completes: on the progress thread for
+        a started call, in the caller's thread for a blocking one."""
+        self._hooks.append(hook)
+
+    def _wait_for_pending_works(self) -> None:
+        self.session.wait_started()
+
+    def shutdown(self) -> None:
+        """Finish the started calls; free this group's communicators (not COMM_WORLD)."""
+        if MPI.Is_finalized() or self._check_comm == MPI.COMM_NULL:
+            return
+        self.session.wait_started()
+        for comm in (self._check_comm, self._p2p) + (
+                (self.comm,) if self.comm != MPI.COMM_WORLD else ()):
+            comm.Free()
+
+    abort = shutdown
+
+    # the machinery
+
+    def _local(self, what, tensors):
+        """The problem with this rank's ``tensors`` for ``what``, as an exception; or None."""
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                return TypeError(f"{what}: expected tensors, got {type(t).__name__}")
+            if t.device.type != "cpu":
+                return TypeError(
+                    f"{what}: a {t.device.type} tensor; the mlcomm backend takes CPU tensors. "
+                    f"Copy it with .cpu(), or use a backend of its device for it beside mlcomm "
+                    f"(dist.new_group(backend='nccl') for CUDA)")
+            if t.dtype not in _DTYPES:
+                return TypeError(
+                    f"{what}: mlcomm has no {t.dtype}; convert the tensor (e.g. "
+                    f".to(torch.float32)) or, to move raw bits, view it as .view(torch.uint8)")
+            if not t.is_contiguous():
+                return ValueError(
+                    f"{what}: a non-contiguous tensor (shape {tuple(t.shape)}, strides "
+                    f"{t.stride()}); pass a contiguous one: c = t.contiguous(), then copy the "
+                    f"result back with t.copy_(c) where the call writes into it")
+        return None
+
+    def _describe(self, what, tensors, reduce_op=None, root=None, lists=(), gathered=()):
+        """``(problem, mlcomm op, description)`` of the call on this rank: the problem is an
+        exception or None. ``lists``: (list, tensor) pairs, each list holding one tensor like
+        ``tensor`` per rank; ``gathered``: (big, small) pairs, ``big`` holding one ``small``
+        per rank."""
+        problem = self._local(what, [*tensors, *(b for b, _ in gathered),
+                                     *(t for lst, _ in lists for t in lst)])
+        op = None
+        if problem is None:
+            problem = _shapes(what, self._size, lists, gathered)
+        if problem is None and reduce_op is not None:
+            problem, op = _op(what, reduce_op.op, tensors)
+        if problem is None and root is not None and not 0 <= root < self._size:
+            problem = ValueError(f"{what}: root {root} is not a rank of this group of "
+                                 f"{self._size}")
+        described = what + "".join(f" {t.dtype} {tuple(t.shape)}" for t in tensors) + \
+            (f" {op}" if op else "") + (f" root {root}" if root is not None else "")
+        return problem, op, described
+
+    def _compare(self, what, described, problem):
+        """Raise ``problem`` on this rank, or the difference between the ranks' calls, on
+        every rank alike (one small all-reduce when the calls agree)."""
+        if self._size > 1:
+            code = zlib.crc32((described if problem is None else str(problem)).encode())
+            self._sig[0], self._sig[1] = code, -code
+            self._agree()
+            if self._sig[0] != -self._sig[1]:  # the ranks differ: every rank learns how
+                everyone = self._check_comm.allgather(
+                    (described, None if problem is None else f"{type(problem).__name__}: "
+                                                             f"{problem}"))
+                if problem is None:
+                    failed = {r: e for r, (_, e) in enumerate(everyone) if e is not None}
+                    if failed:
+                        raise RuntimeError(f"{what} failed on ranks " + "; ".join(
+                            f"{r}: {e}" for r, e in sorted(failed.items())))
+                    raise ValueError(f"{what}: the ranks' calls differ (" + "; ".join(
+                        f"rank {r}: {d}" for r, (d, _) in enumerate(everyone)) +
+                        "); call the same collectives in the same order on every rank, with "
+                        "tensors of the same shapes and dtypes and the same op and root")
+        if problem is not None:
+            raise problem
+
+    def _go(self, op_type, described, problem, calls, outputs, async_op, after=None,
+            **options):
+        """Compare the call across the ranks and run its mlcomm ``calls`` (``(collective,
+        sendbuf, recvbuf, op, root)``), then ``after()``: blocking, or started on the
+        progress thread. A started call whose description this rank has run before is
+        compared there too, first, so that it returns at once; any other is compared here,
+        after the calls started before it (a first call may agree on ``auto``'s choice)."""
+        what = described.split(" ", 1)[0]
+        check = partial(self._compare, what, described, problem)
+        self._seq += 1
+        info = WorkInfo(op_type, self._seq, sum(t.numel() * t.element_size() for t in outputs),
+                        time.perf_counter(), 0.0, 0.0) if self._hooks else None
+        requests = []
+        if async_op and problem is None and described in self._seen:
+            for k, call in enumerate(calls):
+                requests.append(istart(*call, comm=self.comm, before=None if k else check,
+                                       **options))
+        else:
+            self.session.wait_started()
+            check()
+            for call in calls:
+                if async_op:
+                    requests.append(istart(*call, comm=self.comm, **options))
+                else:
+                    _BLOCKING[call[0]](*call[1:], comm=self.comm, **options)
+            if len(self._seen) > _KEEP:
+                self._seen.clear()
+            self._seen.add(described)
+        if after is not None:
+            if async_op:
+                requests.append(self.session.start(partial(_then, requests[-1], after)))
+            else:
+                after()
+        if info is not None:
+            if async_op:
+                requests.append(self.session.start(
+                    lambda: self._finished(info, time.perf_counter())))
+            else:
+                info.time_started, info.time_finished = info.time_queued, time.perf_counter()
+                self._finished(info)
+        return Work(self, outputs, requests)
+
+    def _finished(self, info, end=None):
+        """Hand ``info`` to the hooks; ``end``: when a started call completed."""
+        if end is not None:  # it ran after the one started before it
+            info.time_started = max(info.time_queued, self._last_finished)
+            info.time_finished = self._last_finished = end
+        for hook in self._hooks:
+            hook(info)
+
+    def _later(self, call):
+        """Run ``call()`` on the progress thread after every call started so far."""
+        self.session.start(call)
+
+
+def _op(what, kind, tensors):
+    """``(problem, mlcomm op)`` for torch's reduce op ``kind`` (a ``RedOpType``) on
+    ``tensors``."""
+    name = _OPS.get(kind)
+    if name is None:
+        return NotImplementedError(
+            f"{what}: the mlcomm backend has no {kind}; for PREMUL_SUM multiply the tensor "
+            f"by the factor and use ReduceOp.SUM"), None
+    if tensors and tensors[0].dtype == torch.bool:
+        name = _BOOL_OPS.get(name, name)
+    from ..kernels import check_op
+    for t in tensors:
+        try:
+            check_op(as_array(t, "tensor").dtype, name)
+        except (TypeError, ValueError) as exc:
+            return type(exc)(f"{what} with ReduceOp.{kind.name} on {t.dtype}: {exc}"), None
+    return None, name
+
+
+def _shapes(what, size, lists, gathered):
+    """The problem, or None: whether the per-rank lists and gathered tensors fit."""
+    for lst, t in lists:
+        if len(lst) != size or any(x.numel() != t.numel() or x.dtype != t.dtype for x in lst):
+            return ValueError(f"{what}: the list must hold {size} tensors (one per rank) of "
+                              f"{t.numel()} x {t.dtype}, as the single tensor")
+    for big, small in gathered:
+        if big.numel() != size * small.numel() or big.dtype != small.dtype:
+            return ValueError(f"{what}: the large tensor must hold {size} x {small.numel()} "
+                              f"elements of {small.dtype} (one block per rank), got "
+                              f"{big.numel()} x {big.dtype}")
+    return None
+
+
+def _then(request, call):
+    request.wait()  # its error, not call()'s
+    call()
+
+
+def _raise(problem):
+    if problem is not None:
+        raise problem
+
+
+def _refusal(name, alternative):
+    def refuse(self, *args, **kwargs):
+        raise NotImplementedError(f"the mlcomm backend has no {name}; {alternative}")
+    refuse.__name__ = name
+    return refuse
+
+
+# what the backend does not do: a NotImplementedError that names the alternative
+for _name, _alternative in _UNSUPPORTED.items():
+    setattr(ProcessGroupMlcomm, _name, _refusal(_name, f"{_alternative}, {_GLOO}"))
+ProcessGroupMlcomm.split_group = _refusal("split_group", "use new_group(ranks)")
+ProcessGroupMlcomm.merge_remote_group = _refusal("merge_remote_group", "use new_group(ranks)")
+
+
+_BLOCKING = {
+    "allreduce": lambda s, r, op, root, **kw: allreduce(s, r, op, **kw),
+    "reduce_scatter": lambda s, r, op, root, **kw: reduce_scatter(s, r, op, **kw),
+    "allgather": lambda s, r, op, root, **kw: allgather(s, r, **kw),
+    "bcast": lambda s, r, op, root, **kw: bcast(s, root, **kw),
+    "reduce": lambda s, r, op, root, **kw: reduce(s, r, op, root, **kw),
+}
+
+
+def create(backend_options, options=None):
+    """torch's creator of the backend (``extended_api=True``): the process group of the
+    ranks in ``backend_options`` (``_DistributedBackendOptions``)."""
+    from .rendezvous import communicator
+    if options is not None and not isinstance(options, Options):
+        raise TypeError(f"pg_options of the mlcomm backend: pass mlcomm.torch.Options(...), "
+                        f"not {type(options).__name__}")
+    return ProcessGroupMlcomm(communicator(backend_options), options)
