@@ -32,8 +32,14 @@ def test_allreduce_out_of_place_in_place_and_new(dtype, name):
 def test_zero_copy_into_the_tensors_storage_and_parameters():
     p = torch.nn.Parameter(torch.full((5,), float(RANK + 1)))
     before = p.data_ptr()
-    mlcomm.allreduce(mlcomm.IN_PLACE, p.grad if p.grad is not None else p)
+    mlcomm.allreduce(mlcomm.IN_PLACE, p)  # a parameter, which requires grad
     agree(p.data_ptr() == before and torch.all(p == P * (P + 1) / 2), f"{p}")
+    (p * (RANK + 1)).sum().backward()  # its gradient: RANK + 1 everywhere
+    grad = p.grad
+    before = grad.data_ptr()
+    mlcomm.allreduce(mlcomm.IN_PLACE, p.grad)
+    agree(p.grad is grad and grad.data_ptr() == before and torch.all(grad == P * (P + 1) / 2),
+          f"{grad}")
 
 
 def test_nonblocking_and_persistent_on_tensors():
