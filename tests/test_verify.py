@@ -115,10 +115,6 @@ def test_the_exit_status_says_who_failed():
     assert v.Report([v.Row("mpi", "float16", skipped="x")]).status == v.FAILED
 
 
-def test_library_lines_seen_by_some_ranks_only_name_them():
-    assert v._merge([["a", "b"], ["a"], ["a"]], 3) == ["a", "b (on ranks 0)"]
-
-
 def test_defaults_cover_every_kernel_dtype_and_op():
     from mlcomm import kernels
     algorithms, dtypes, ops = v._check_names(None, None, None)
@@ -207,7 +203,7 @@ v.reference = reference
 def _job(tmp_path, patch, argv, nprocs=3):
     script = tmp_path / "job.py"
     script.write_text(_JOB.format(patch=patch, argv=argv))
-    return mpirun(nprocs, [script], timeout=120, check=False)
+    return mpirun(nprocs, [script], timeout=300, check=False)
 
 
 def _rows(proc, *names):
@@ -221,8 +217,11 @@ def test_one_wrong_rank_fails_every_rank_and_never_hangs(tmp_path):
     assert proc.returncode == v.FAILED, proc.stdout + proc.stderr
     rows = _rows(proc, "ring", "recursive")
     assert len(rows) == 4, proc.stdout
-    assert all(" FAIL (op=sum count=1 out-of-place: rank 1: differs from the exact answer "
-               "(element 0: " in r for r in rows if " int32 " in r), rows
+    # rank 1 fails the exact check where it makes the references, else differs from the rank
+    # that made them
+    assert all(re.search(r" FAIL \(op=sum count=1 out-of-place: rank 1: differs from (the "
+                         r"exact answer \(element 0: |rank \d's result, which matches the "
+                         r"reference\)$)", r) for r in rows if " int32 " in r), rows
     assert all(" FAIL (op=sum count=1 out-of-place: rank 1: differs from MPI_Allreduce beyond "
                "rounding)" in r for r in rows if " float32 " in r), rows
     # 4 rows x 6 counts x 2 placements; a count of 0 has no element to change
@@ -262,17 +261,17 @@ def test_a_lost_contribution_in_bfloat16_fails_the_exact_check(tmp_path):
 
 def test_a_library_that_saturates_is_blamed_not_mlcomm(tmp_path):
     """Open MPI 5.0.11's int8 sum saturates on 1,000 elements (docs/reliability.rst)."""
-    proc = _job(tmp_path, _SATURATING_LIBRARY, ["verify", "-a", "ring,auto,shared_memory",
+    proc = _job(tmp_path, _SATURATING_LIBRARY, ["verify", "-a", "ring,shared_memory",
                                                 "-d", "int8,int32", "-o", "sum"])
     assert proc.returncode == v.LIBRARY_WRONG, proc.stdout + proc.stderr
-    rows = _rows(proc, "ring", "auto", "shared_memory")
-    assert len(rows) == 6 and all(r.endswith(" PASS") for r in rows), proc.stdout
+    rows = _rows(proc, "ring", "shared_memory")
+    assert len(rows) == 4 and all(r.endswith(" PASS") for r in rows), proc.stdout
     lines = [line for line in proc.stdout.splitlines() if "MPI_Allreduce is wrong here" in line]
     assert lines and all(re.fullmatch(
         r"the MPI library's MPI_Allreduce is wrong here: int8 sum (1000|65537) elements at "
         r"P = 3: got (127|-128) where C gives -?\d+ \(first differing element \d+\)", line)
         for line in lines), lines
-    assert f"MPI LIBRARY WRONG: mlcomm passed all 72 cases; the MPI library's MPI_Allreduce " \
+    assert f"MPI LIBRARY WRONG: mlcomm passed all 48 cases; the MPI library's MPI_Allreduce " \
            f"is wrong in {len(lines)} of 12 reductions with an exact answer (above), which " \
            f"is not mlcomm's failure" in proc.stdout
     assert "FAIL" not in proc.stdout and "ALL PASSED" not in proc.stdout
