@@ -113,13 +113,13 @@ def mpi_lacks(dt, op):
 
 
 def make_comm(kind):
-    """COMM_WORLD, a Dup() of it, or a Split() of it in reverse rank order (two halves from
-    4 ranks): a communicator the user already has."""
+    """COMM_WORLD, a Dup() of it, or a Split() of it, even and odd ranks from 3 ranks on
+    (all at 2), in reverse rank order: a communicator the user already has."""
     if kind == "world":
         return MPI.COMM_WORLD
     if kind == "dup":
         return COMM.Dup()
-    return COMM.Split(RANK % 2 if P >= 4 else 0, P - RANK)
+    return COMM.Split(RANK % 2 if P >= 3 else 0, P - RANK)
 
 
 def free(comm):
@@ -430,9 +430,9 @@ def test_comm_hands_what_mlcomm_cannot_reduce_to_the_mpi_library(monkeypatch):
 # --- the module functions -------------------------------------------------------------------
 
 def test_allreduce_iallreduce_and_allreduce_init_meet_new_sizes_under_auto():
-    """Each entry point's first call at a size band new to the communicator (a Split(): two
-    halves from 4 ranks): auto's trial runs inside it, inside iallreduce and allreduce_init
-    too, before they return."""
+    """Each entry point's first call at a size band new to the communicator (a Split()):
+    auto's trial runs inside it, inside iallreduce and allreduce_init too, before they
+    return."""
     comm = make_comm("split")
     p, rank = comm.Get_size(), comm.Get_rank()
     f32, i64 = np.dtype(np.float32), np.dtype(np.int64)
