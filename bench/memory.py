@@ -48,7 +48,7 @@ def _schedule_scratch(algorithm, options, ranks, count, itemsize):
     """Return the most scratch any rank's schedule declares, in vectors (None for mpi)."""
     from mlcomm.algorithms import COLLECTIVES
     algo = COLLECTIVES["allreduce"][algorithm]
-    if algo.build is None:
+    if not algo.hand_written:
         return None
     return max(algo.build(r, ranks, count, itemsize, **options).scratch_count
                for r in range(ranks)) / count

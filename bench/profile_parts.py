@@ -87,9 +87,9 @@ def calls_for(comm, algorithms, send, recv):
         "sendrecv": lambda: comm.Sendrecv(send, partner, 7, other, partner, 7),
     }
     for name in algorithms:
-        if name not in ALGORITHMS or ALGORITHMS[name].build is None:
-            raise ValueError(f"--algorithms: {name!r} is not a hand-written all-reduce "
-                             f"(choose from {sorted(a for a in ALGORITHMS if ALGORITHMS[a].build)})")
+        if name not in ALGORITHMS or not ALGORITHMS[name].hand_written:
+            raise ValueError(f"--algorithms: {name!r} is not a hand-written all-reduce (choose "
+                             f"from {sorted(a for a in ALGORITHMS if ALGORITHMS[a].hand_written)})")
         context = session.get(comm).context(ALGORITHMS[name].context)  # as the call has it
         schedule = ALGORITHMS[name].build(rank, size, send.size, send.itemsize, **context)
         calls[name] = (lambda n: lambda: allreduce(send, recv, comm=comm, algorithm=n))(name)

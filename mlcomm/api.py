@@ -18,7 +18,8 @@ from .select import agreed_choice, plan_for, requested
 from .progress import Request
 from .session import MISS, SLOTS, Slot, bound_call, remembers, slot_key
 from .session import get as session_of
-from .transport.mpi import native_call, native_dtype_ok, op_name
+from .transport.mpi import op_name
+from .transport.native import native_call, native_dtype_ok, supports
 
 __all__ = ["allreduce", "iallreduce", "istart", "allreduce_init", "Persistent", "Request",
            "reduce_scatter", "allgather", "bcast", "reduce", "IN_PLACE"]
@@ -65,9 +66,8 @@ def _array(buf, name, writable=False):
 def _check_options(collective, algorithm, options):
     if not options:
         return {}
-    if algorithm in (AUTO, MPI_NATIVE):
-        raise TypeError(f"options {sorted(options)} need an explicit hand-written algorithm, "
-                        f"not {algorithm!r}")
+    if algorithm == AUTO:
+        raise TypeError(f"options {sorted(options)} need an explicit algorithm, not 'auto'")
     known = COLLECTIVES[collective][algorithm].options
     unknown = sorted(set(options) - set(known))
     if unknown:
@@ -210,7 +210,7 @@ def _bind_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate
     if name == AUTO:
         name, options = agreed_choice(session, collective, count, out.dtype, opname,
                                       device=isinstance(out, DeviceVector))
-    if name == MPI_NATIVE:
+    if name == MPI_NATIVE and isinstance(out, DeviceVector):
         run, binding = partial(native_call, collective, session.comm, inp, out, opname, root,
                                overlap=_overlap, copy=_copy, buffer=_native_buffer), None
     else:
@@ -317,9 +317,11 @@ def _prepare(collective, sendbuf, recvbuf, op, p, rank, algorithm, root, options
         alias = _alias(collective, inp, out)
     if collective not in ("allgather", "bcast"):
         kernels.check_op(out.dtype, opname)
-    if name == MPI_NATIVE and not native_dtype_ok(out.dtype):
-        raise TypeError(f"algorithm='mpi' calls the MPI library, which has no {out.dtype} "
-                        f"datatype; use one of mlcomm's algorithms (e.g. 'ring') or 'auto'")
+    if name == MPI_NATIVE and not supports(out.dtype, opname):
+        lacks = f"no {out.dtype} datatype" if not native_dtype_ok(out.dtype) else \
+            f"no {opname} on {out.dtype}"
+        raise TypeError(f"algorithm='mpi' calls the MPI library, which has {lacks}; use one "
+                        f"of mlcomm's algorithms (e.g. 'ring') or 'auto'")
     if options:
         _check_options(collective, name, options)
         key = (collective, name, p, out.dtype.itemsize, tuple(sorted(options.items())))
@@ -398,23 +400,37 @@ def iallreduce(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None, va
 
 
 def istart(collective, sendbuf, recvbuf=None, op="sum", root=0, *, comm=None, algorithm=None,
-           validate=None, before=None, **options) -> Request:
+           validate=None, before=None, after=None, **options) -> Request:
     """Start any collective of :data:`~mlcomm.COLLECTIVES` on host buffers and return at
     once, as :func:`iallreduce` does: a :class:`Request` whose ``wait()`` returns what the
     blocking call (``allreduce``, ``reduce_scatter``, ``allgather``, ``bcast`` with ``buf``
-    as ``sendbuf``, ``reduce``) returns. ``before``: a call that the progress thread makes
-    first; if it raises, the collective does not run and ``wait()`` raises its error."""
+    as ``sendbuf``, ``reduce``) returns.
+
+    The progress thread calls ``before()`` first (if it raises, the collective does not run
+    and ``wait()`` raises its error) and ``after(error)`` last, once the call is complete,
+    with None or the exception that ``wait()`` raises."""
     args = (collective, sendbuf, recvbuf, op, comm, algorithm, root)
     session, out, run, binding, finish = _bind_host(*args, validate, options)
     result = _result(collective, out, sendbuf, recvbuf, session.rank, root)
-    if before is not None:
-        run = partial(_in_turn, before, run)
+    if before is not None or after is not None:
+        run, finish = partial(_hooked, before, run, finish, after), None
     return session.start(run, finish, result, (sendbuf, recvbuf, out), binding)
 
 
-def _in_turn(first, then):
-    first()
-    then()
+def _hooked(before, run, finish, after):
+    """``before()``, the collective's ``run()`` and ``finish()``, then ``after(error)``."""
+    try:
+        if before is not None:
+            before()
+        run()
+        if finish is not None:
+            finish()
+    except BaseException as exc:
+        if after is not None:
+            after(exc)
+        raise
+    if after is not None:
+        after(None)
 
 
 def allreduce_init(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None, validate=None,

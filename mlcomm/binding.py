@@ -25,9 +25,11 @@ from . import kernels
 from .device import DeviceVector
 from .frame import DONE, F_PC, FAULTED, STALLED, Frame, compiled_supports, op_code
 from .loop import HostMemory, PythonLoop, compiled_loop
-from .program import INPUT, OUTPUT, SCRATCH, SLOTS
+from .program import IN_PLACE, INPUT, NATIVE, OUTPUT, SCRATCH, SLOTS
 from .schedule import TURN_BYTES
+from .transport import Transport
 from .transport.mpi import PointToPoint, abort_job
+from .transport.native import LibraryCollectives, NativeCall
 from .transport.peer import PeerCopies
 from .transport.shm import NodeSync
 
@@ -155,6 +157,17 @@ class Binding:
                 raise ValueError(f"{plan.describe()} reads its node peers' memory, which this "
                                  f"node does not allow: {window.single_copy_error}")
             self.transports.append(PeerCopies(window, program.fetches, addresses, node))
+        if program.calls:
+            if device:
+                raise TypeError(f"{plan.describe()} runs on host buffers here; device buffers "
+                                f"go to the MPI library through mlcomm.allreduce")
+            while len(self.transports) < NATIVE:
+                self.transports.append(_Unused())
+            calls = [NativeCall(c.kind, None if c.send == IN_PLACE else addresses[c.send]
+                                + c.send_at, addresses[c.recv] + c.recv_at, c.count, c.root,
+                                c.blocking)
+                     for c in program.calls]
+            self.transports.append(LibraryCollectives(comm, calls, plan.dtype, plan.op))
         if device:
             self.frames = [None]
             runs = [PythonLoop(program, DeviceMemory(buffers, plan.dtype, plan.op),
@@ -238,8 +251,10 @@ class Binding:
             peers = self.transports[transport].pending_peers(first, n)
             if not reported:
                 seconds = self.settings.stall_seconds
+                whom = f"for ranks {peers}" if peers is not None else \
+                    "for the other ranks (the MPI library does not say which)"
                 message = (f"mlcomm: rank {self.settings.rank} has waited {seconds:g} s in "
-                           f"{what} for ranks {peers}")
+                           f"{what} {whom}")
                 if self.settings.stall_abort:
                     abort_job(message + " (MLCOMM_STALL_ABORT=1: ending the job)")
                 print(message + "; it goes on waiting (MLCOMM_STALL_SECONDS sets the limit, "
@@ -254,9 +269,8 @@ class Binding:
                 self._run().faulted_transport
             abort_job(f"mlcomm: {what} on rank {self.settings.rank}: "
                       f"{self.transports[faulted].fault()}. "
-                      f"The ranks called it with different counts, dtypes or algorithms: "
-                      f"pass validate=True (or set MLCOMM_VALIDATE=1) to compare the calls "
-                      f"across ranks")
+                      f"If the ranks called it with different counts, dtypes or algorithms, "
+                      f"validate=True (or MLCOMM_VALIDATE=1) compares the calls across ranks")
 
     def _run(self):
         """The loop of the run in progress or next."""
@@ -284,6 +298,15 @@ class Binding:
             for transport in self.transports:
                 transport.free()
             self.live = False
+
+
+class _Unused(Transport):
+    """A transport id this program does not use (transports are indexed by id)."""
+
+    compiled = (0, 0, 0)
+
+    def free(self) -> None:
+        pass
 
 
 def _in_turn(runs, window):

@@ -15,8 +15,9 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-__all__ = ["call0", "call3", "call6", "ccall0", "ccall2", "ccall3", "ccall4", "call0_f64", "load_acquire",
-           "store_release", "i64_array_at", "libc_address"]
+__all__ = ["call0", "call3", "call6", "ccall0", "ccall2", "ccall3", "ccall4", "ccall5", "ccall6",
+           "ccall7", "ccall8", "call0_f64", "load_acquire", "store_release", "i64_array_at",
+           "libc_address"]
 
 _I32, _I64, _F64 = ir.IntType(32), ir.IntType(64), ir.DoubleType()
 
@@ -74,6 +75,31 @@ def ccall3(typingctx, fn, a, b, c):
 def ccall4(typingctx, fn, a, b, c, d):
     """``fn(a, b, c, d)`` returning a C ``int``."""
     return _W(_W, _W, _W, _W, _W), _codegen(_I32, 4)
+
+
+@intrinsic
+def ccall5(typingctx, fn, a, b, c, d, e):
+    """``fn(a, b, c, d, e)`` returning a C ``int``."""
+    return _W(*[_W] * 6), _codegen(_I32, 5)
+
+
+@intrinsic
+def ccall6(typingctx, fn, a, b, c, d, e, f):
+    """``fn(a, b, c, d, e, f)`` returning a C ``int``."""
+    return _W(*[_W] * 7), _codegen(_I32, 6)
+
+
+@intrinsic
+def ccall7(typingctx, fn, a, b, c, d, e, f, g):
+    """``fn(a, b, c, d, e, f, g)`` returning a C ``int``."""
+    return _W(*[_W] * 8), _codegen(_I32, 7)
+
+
+@intrinsic
+def ccall8(typingctx, fn, a, b, c, d, e, f, g, h):
+    """``fn(a, b, c, d, e, f, g, h)`` returning a C ``int`` (arguments past the sixth go on
+    the stack as 64-bit words, as the C ABIs pass an ``int`` there too)."""
+    return _W(*[_W] * 9), _codegen(_I32, 8)
 
 
 @intrinsic

@@ -21,7 +21,8 @@ its own loop, so no loop reads and writes one array through two names. Transport
 the node's window flags (:class:`Sync`); transport :data:`PEER` copies from another rank's
 input or output or into its output (:class:`Fetch`, a schedule's ``Copy`` from ``input@R``
 or ``output@R``, or to ``output@R``), a START doing the copies and its WAIT completing at
-once.
+once; transport :data:`NATIVE` calls the MPI library's own collectives (:class:`Call`, a
+schedule's ``Collective``).
 
 A transfer's START may move before the previous step's local ops when it touches nothing
 they write or read (:func:`_early_starts`): the ops then overlap the transfer. The layout's
@@ -36,12 +37,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .schedule import (INPUT as _IN, OUTPUT as _OUT, SCRATCH as _SCR, Await, Copy, Post, Recv,
-                       Reduce, Schedule, Send, peer_of, slot_owner)
+from .schedule import (INPUT as _IN, OUTPUT as _OUT, SCRATCH as _SCR, Await, Collective, Copy,
+                       Post, Recv, Reduce, Schedule, Send, peer_of, slot_owner)
 
 __all__ = ["WIDTH", "START", "WAIT", "COPY", "REDUCE", "REDUCE2", "REDUCE3",
            "INPUT", "OUTPUT", "SCRATCH", "SLOTS", "BUFFER_IDS", "MPI_P2P", "NODE", "PEER",
-           "Transfer", "Sync", "Fetch", "Program", "lower"]
+           "NATIVE", "IN_PLACE", "Transfer", "Sync", "Fetch", "Call", "Program", "lower"]
 
 WIDTH = 8
 START, WAIT, COPY, REDUCE, REDUCE2, REDUCE3 = 1, 2, 3, 4, 5, 6
@@ -49,9 +50,11 @@ INPUT, OUTPUT, SCRATCH = 0, 1, 2
 #: buffer id of local rank 0's window slot; local rank j's is SLOTS + j
 SLOTS = 3
 BUFFER_IDS = {_IN: INPUT, _OUT: OUTPUT, _SCR: SCRATCH}
-#: transport ids: point-to-point messages on the communicator, the node's window flags, and
-#: single-copy reads of node peers' buffers
-MPI_P2P, NODE, PEER = 0, 1, 2
+#: transport ids: point-to-point messages on the communicator, the node's window flags,
+#: single-copy reads of node peers' buffers, and the MPI library's own collectives
+MPI_P2P, NODE, PEER, NATIVE = 0, 1, 2, 3
+#: a :class:`Call`'s send buffer when it is in place
+IN_PLACE = -1
 _SPACE = 1 << 50  # bytes between buffers that do not share memory, in the overlap analysis
 
 
@@ -88,6 +91,21 @@ class Fetch(NamedTuple):
     write: bool = False
 
 
+class Call(NamedTuple):
+    """One call of the MPI library's own collective ``kind`` on ``count`` elements (as MPI
+    takes it): from ``send`` (:data:`IN_PLACE`, or a buffer id) at byte ``send_at`` into
+    ``recv`` at byte ``recv_at``; ``blocking`` as in :class:`mlcomm.schedule.Collective`."""
+
+    kind: str
+    send: int
+    send_at: int
+    recv: int
+    recv_at: int
+    count: int
+    root: int = 0
+    blocking: bool = False
+
+
 @dataclass(frozen=True, eq=False)
 class Program:
     """A lowered schedule: instructions, the transfers they start, and what a binding needs."""
@@ -115,6 +133,9 @@ class Program:
     fetches: tuple = ()
     #: the slots are the window's turn areas (``mlcomm.schedule.Schedule.turns``)
     turns: bool = False
+    #: every call of the library's collectives, in the order START/WAIT ranges on
+    #: :data:`NATIVE` index them
+    calls: tuple = ()
 
     @property
     def instructions(self) -> np.ndarray:
@@ -150,7 +171,7 @@ def lower(schedule: Schedule, itemsize: int, alias: int | None = None) -> Progra
 
     same = lambda r1, r2: where(r1) == where(r2)
     ref = lambda r: (buffer_id(r.buffer), r.offset * itemsize)
-    transfers, syncs, fetches, ranges = [], [], [], []
+    transfers, syncs, fetches, calls, ranges = [], [], [], [], []
     for step in schedule.steps:
         messages = [t for t in step.transfers if isinstance(t, Recv)] + \
                    [t for t in step.transfers if isinstance(t, Send)]
@@ -158,8 +179,14 @@ def lower(schedule: Schedule, itemsize: int, alias: int | None = None) -> Progra
                  if isinstance(t, Post)]
         waits = [Sync(False, node[t.peer], t.count) for t in step.transfers
                  if isinstance(t, Await)]
+        natives = [Call(t.kind, IN_PLACE if _in_place(t, schedule.rank, where)
+                        else buffer_id(t.send.buffer), t.send.offset * itemsize,
+                        buffer_id(t.recv.buffer), t.recv.offset * itemsize, t.count, t.root,
+                        t.blocking)
+                   for t in step.transfers if isinstance(t, Collective)]
         ranges.append(((len(transfers), len(messages)), (len(syncs), len(posts)),
-                       (len(syncs) + len(posts), len(waits))))
+                       (len(syncs) + len(posts), len(waits)), (len(calls), len(natives))))
+        calls += natives
         transfers += [Transfer(isinstance(t, Recv), t.peer, buffer_id(t.region.buffer),
                                t.region.offset * itemsize, t.region.count * itemsize)
                       for t in messages]
@@ -167,7 +194,7 @@ def lower(schedule: Schedule, itemsize: int, alias: int | None = None) -> Progra
     early = _early_starts(schedule, where)
     code, partial, largest = [], False, 0
     for k, step in enumerate(schedule.steps):
-        (first, n), posted, awaited = ranges[k]
+        (first, n), posted, awaited, native = ranges[k]
         if n and not early[k]:
             code.append((START, MPI_P2P, first, n, 0, 0, 0, 0))
         if posted[1]:
@@ -176,6 +203,9 @@ def lower(schedule: Schedule, itemsize: int, alias: int | None = None) -> Progra
             code.append((WAIT, MPI_P2P, first, n, 0, 0, 0, 0))
         if awaited[1]:
             code.append((WAIT, NODE, *awaited, 0, 0, 0, 0))
+        if native[1]:
+            code.append((START, NATIVE, *native, 0, 0, 0, 0))
+            code.append((WAIT, NATIVE, *native, 0, 0, 0, 0))
         if k + 1 < len(ranges) and early[k + 1]:
             code.append((START, MPI_P2P, *ranges[k + 1][0], 0, 0, 0, 0))
         reads = []  # this step's fetches not yet started
@@ -226,7 +256,17 @@ def lower(schedule: Schedule, itemsize: int, alias: int | None = None) -> Progra
     counts = (schedule.input_count, schedule.output_count, schedule.scratch_count)
     return Program(words, tuple(transfers), itemsize, counts, alias, partial, largest,
                    tuple(syncs), len(schedule.node), schedule.slot_count * itemsize,
-                   tuple(fetches), schedule.turns)
+                   tuple(fetches), schedule.turns, tuple(calls))
+
+
+def _in_place(call, rank, where) -> bool:
+    """Whether a :class:`mlcomm.schedule.Collective` is in place in MPI's sense: its input
+    lies in its output (an allgather's block in its result), except off a reduce's root,
+    where the input is always the data."""
+    if call.kind == "reduce" and rank != call.root:
+        return False
+    send, recv = where(call.send), where(call.recv)
+    return send[0] == recv[0] or _meet(send, recv)
 
 
 def _meet(a, b) -> bool:

@@ -9,6 +9,9 @@ A ``Copy`` may also read ``input@R`` or ``output@R``, rank R's own buffers, when
 the same node: a single-copy read of another process's memory (Linux cross-memory
 attach), ordered by node synchronisation like a slot read.
 
+A ``Collective`` step hands the whole call to the MPI library's own collective (the
+``mpi`` algorithm): the library decides its messages and its reduction order.
+
 Node synchronisation orders a node's reads of a slot after its owner's writes:
 ``Post(k)`` (this rank's k-th post in the collective) publishes every write of the
 steps before it; ``Await(peer, k)`` completes once ``peer`` has made k posts in this
@@ -31,7 +34,7 @@ from typing import NamedTuple
 
 __all__ = [
     "INPUT", "OUTPUT", "SCRATCH", "BUFFERS", "slot", "slot_owner", "peer", "peer_of", "owner",
-    "Region", "Send", "Recv", "Post", "Await", "Reduce", "Copy", "Step", "Schedule",
+    "Region", "Send", "Recv", "Post", "Await", "Collective", "Reduce", "Copy", "Step", "Schedule",
     "Timeline", "chunk_bounds", "TURN_BYTES",
 ]
 
@@ -115,6 +118,22 @@ class Await(NamedTuple):
 
     peer: int
     count: int
+
+
+class Collective(NamedTuple):
+    """The MPI library's own collective ``kind`` (``allreduce``, ``reduce_scatter``,
+    ``allgather``, ``bcast`` or ``reduce``) on the whole communicator, from ``send`` into
+    ``recv``; in place where the two start at the same element. ``count`` is the count MPI
+    takes (a reduce-scatter's block, an allgather's contribution); ``root`` for bcast and
+    reduce."""
+
+    kind: str
+    send: Region
+    recv: Region
+    count: int
+    root: int = 0
+    #: the blocking call, else the non-blocking one, polled
+    blocking: bool = False
 
 
 class Reduce(NamedTuple):

@@ -18,10 +18,11 @@ from functools import lru_cache
 
 import numpy as np
 
-from .algorithms import ALGORITHMS, AUTO, COLLECTIVES, resolve
+from .algorithms import ALGORITHMS, AUTO, COLLECTIVES, MPI_NATIVE, resolve
 from .algorithms.shared_memory import SINGLE_COPY_BYTES
 from .schedule import INPUT, Copy, Recv, Send, owner
 from .profile import DEFAULT_GAMMA, DEFAULT_OP_OVERHEAD, DEFAULT_STEP_OVERHEAD, load_profile
+from .transport.native import supports as library_supports
 
 log = logging.getLogger("mlcomm")
 
@@ -54,21 +55,33 @@ def _window_variant(nbytes):
     return [WINDOW_ONLY] if nbytes >= SINGLE_COPY_BYTES else []
 
 
+#: the library's blocking collective, timed beside its non-blocking one (which yields the
+#: CPU while it waits and can report a stall)
+BLOCKING = (("blocking", True),)
+
 #: name -> (bytes -> option sets) that a trial times beside the name's defaults
-VARIANTS = {"shared_memory": _window_variant, "hierarchical": _window_variant}
+VARIANTS = {"shared_memory": _window_variant, "hierarchical": _window_variant,
+            MPI_NATIVE: lambda nbytes: [BLOCKING]}
 
 
 def requested(algorithm, collective: str, default=None) -> str:
     """The canonical name asked for (maybe ``auto``); raise ValueError for unknown names.
 
     ``default`` (the communicator's agreed ``MLCOMM_ALGORITHM``) applies when ``algorithm``
-    is None; ``auto`` when that is None too.
+    is None and the collective has an algorithm of that name; ``auto`` otherwise.
     """
     if algorithm is None:
         algorithm = default or AUTO
+        if algorithm != AUTO and not _names(algorithm, collective):
+            return AUTO  # MLCOMM_ALGORITHM names an algorithm this collective has not
     if collective != "allreduce" and algorithm == AUTO:
         return AUTO
     return resolve(algorithm, collective)
+
+
+def _names(name, collective) -> bool:
+    """Whether ``collective`` has an algorithm of that name or alias."""
+    return any(name == a.name or name in a.aliases for a in COLLECTIVES[collective].values())
 
 
 _PREFER = ("recursive_doubling", "recursive_halving_doubling", "ring", "double_binary_tree",
@@ -102,7 +115,7 @@ def _local_work(name: str, p: int, count: int, itemsize: int, nodes=None) -> tup
 
 def flat_algorithms() -> list:
     """The hand-written all-reduces that need no node layout."""
-    return [name for name, a in ALGORITHMS.items() if a.build is not None and not a.context]
+    return [name for name, a in ALGORITHMS.items() if a.hand_written and not a.context]
 
 
 def auto_candidates(p: int, nodes=None, device: bool = False) -> list:
@@ -155,9 +168,11 @@ def explain(p: int, nbytes: int, *, profile=None, dtype=None, op=None, candidate
     if profile is None:
         profile = load_profile()
     names = candidates or auto_candidates(p, nodes, device)
+    tuned = profile.tuned_choice(p, nbytes)
+    if tuned == MPI_NATIVE and not candidates:  # measured: the library was the fastest
+        names = [*names, MPI_NATIVE]
     times = predict(p, nbytes, profile=profile, dtype=dtype, op=op, candidates=names,
                     itemsize=itemsize, nodes=nodes)
-    tuned = profile.tuned_choice(p, nbytes)
     if tuned in times:
         return tuned, times, profile
     # exact ties (p = 2, where several schedules coincide) go to the earlier name in _PREFER
@@ -179,7 +194,7 @@ def auto_choice(collective: str, p: int, nbytes: int, *, dtype=None, op=None,
     every candidate's prediction.
     """
     if collective != "allreduce":
-        names = [name for name, a in COLLECTIVES[collective].items() if a.build is not None]
+        names = [name for name, a in COLLECTIVES[collective].items() if a.hand_written]
         single = nodes is None or len(nodes) == 1
         if single and not device and p > 1 and "shared_memory" in names:
             return "shared_memory"
@@ -284,6 +299,8 @@ def _propose(collective, p, count, dtype, op, nodes, device, flat):
     names = auto_candidates(p, nodes)
     if "shared_memory" in names:  # on one node hierarchical is the window's other schedule
         names.append("hierarchical")
+    if library_supports(dtype, op):  # auto is never slower than the library's own call
+        names.append(MPI_NATIVE)
     choice, times, profile = explain(p, nbytes, itemsize=dtype.itemsize, nodes=nodes,
                                      candidates=names)
     _log_prediction(p, nbytes, choice, times, profile)
@@ -377,4 +394,5 @@ def distinct_plans(session, trial, count, dtype, op):
 
 def _label(name, options):
     return name + (" (window only)" if options == WINDOW_ONLY else
+                   " (blocking)" if options == BLOCKING else
                    "".join(f" {k}={v}" for k, v in options))

@@ -242,7 +242,7 @@ def test_analyze_row_has_exactly_the_keys():
 
 def test_analyze_cli_json():
     rows = json.loads(_cli("analyze", "--ranks", 8, "--sizes", 1048576, "--format", "json"))
-    assert {r["algorithm"] for r in rows} == {n for n, a in ALGORITHMS.items() if a.build}
+    assert {r["algorithm"] for r in rows} == {n for n, a in ALGORITHMS.items() if a.hand_written}
     assert all(list(r) == list(KEYS) for r in rows)
     n = 1 << 20
     by = {r["algorithm"]: r for r in rows}
@@ -384,6 +384,23 @@ def test_a_tuned_choice_with_variants_has_them_timed(tmp_path, monkeypatch):
     assert propose(16 << 20) == ("ring", None)
 
 
+def test_the_library_is_one_of_the_trials_candidates(monkeypatch):
+    """auto times the MPI library's own all-reduce, non-blocking and blocking, beside
+    mlcomm's algorithms, where the library can reduce the dtype with the op."""
+    import numpy as np
+    from mlcomm.kernels import BFLOAT16
+    from mlcomm.select import BLOCKING, _propose
+    monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
+    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
+    for dtype, op, library in ((np.float32, "sum", True), (np.int8, "bxor", True),
+                               (np.bool_, "land", True), (np.bool_, "bxor", False),
+                               (BFLOAT16, "sum", False)):
+        _, trial = _propose("allreduce", 4, 1000, np.dtype(dtype), op, ((0, 1, 2, 3),),
+                            False, False)
+        entries = [t[:2] for t in trial if t[0] == "mpi"]
+        assert entries == ([("mpi", ()), ("mpi", BLOCKING)] if library else []), (dtype, op)
+
+
 def test_a_variant_must_win_by_the_margin():
     """The trial keeps an algorithm's defaults unless a variant (shared_memory through its
     window) is faster by VARIANT_MARGIN; among defaults a near-tie goes to the model's
@@ -405,7 +422,7 @@ def test_calibrate_profile_auto_end_to_end(tmp_path):
                      "--rounds", "2", "--no-progress"], env=env, timeout=180).stdout
     tuned = json.loads(path.read_text())["tuned"]["3"]
     assert [n for n, _ in tuned] == [8, 256, 8192] and f"wrote {path}" in out
-    assert all(name in ALGORITHMS and name not in ("mpi", "auto") for _, name in tuned)
+    assert all(name in ALGORITHMS and name != "auto" for _, name in tuned)  # mpi may win
     out = mpirun(2, ["-m", "mlcomm", "calibrate", "--quick", "-d", "float64,float32",
                      "-o", "sum,max"], env=env, timeout=180).stdout
     assert "profile written to" in out

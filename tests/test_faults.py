@@ -122,6 +122,20 @@ def test_a_stall_is_reported_once_with_the_missing_ranks(tmp_path, env, handle, 
 
 
 @pytest.mark.parametrize("env", LOOPS)
+def test_a_stall_in_the_library_collective_is_reported(tmp_path, env):
+    """algorithm="mpi" (MPI_Iallreduce, polled): the stall is reported; the library does not
+    say which ranks are missing, and the report says so."""
+    body = LATE.format(setup="", sleep=3, call="mlcomm.allreduce(x, algorithm='mpi')")
+    proc, _ = _job(tmp_path, 3, body, dict(env, MLCOMM_STALL_SECONDS="1"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("done") == 3
+    for r in (0, 1):
+        line = (f"mlcomm: rank {r} has waited 1 s in allreduce (mpi, 100 x float64) for the "
+                f"other ranks (the MPI library does not say which)")
+        assert proc.stderr.count(line) == 1, proc.stderr
+
+
+@pytest.mark.parametrize("env", LOOPS)
 def test_a_stall_ends_the_job_under_stall_abort(tmp_path, env):
     proc, secs = _job(tmp_path, 2, LATE.format(setup="", sleep=60,
                                                call="mlcomm.allreduce(x, algorithm='ring')"),

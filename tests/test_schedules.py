@@ -11,7 +11,7 @@ from mlcomm.algorithms._pieces import binary_tree
 from mlcomm.local import ScheduleError, check_collective
 from mlcomm.schedule import TURN_BYTES, Recv
 
-HAND_WRITTEN = sorted(name for name, a in ALGORITHMS.items() if a.build is not None)
+HAND_WRITTEN = sorted(name for name, a in ALGORITHMS.items() if a.hand_written)
 FLAT = [name for name in HAND_WRITTEN if not ALGORITHMS[name].context]
 PRIME = 101
 
@@ -62,7 +62,7 @@ def test_options_property(p, count, seg, k, root, in_place):
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 7, 8, 16, 33])
 def test_other_collectives_exact(collective, p):
     for name, algo in COLLECTIVES[collective].items():
-        if algo.build is None:
+        if not algo.hand_written:
             continue
         for count in (0, 1, 5, 17):
             roots = range(p) if collective in ("bcast", "reduce") else [0]

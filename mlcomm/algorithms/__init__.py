@@ -4,7 +4,7 @@ from ._registry import ALGORITHMS, COLLECTIVES, Algorithm, register
 from . import (naive, single_master, parameter_server, ring, double_binary_tree,  # noqa: F401
                recursive_halving_doubling, recursive_doubling, shared_memory, hierarchical,
                collectives, shm_collectives, native)
-from .native import AUTO, MPI_NATIVE, build_schedules, resolve
+from .native import AUTO, MPI_NATIVE, build_schedules, native_schedule, resolve
 
 __all__ = ["ALGORITHMS", "COLLECTIVES", "Algorithm", "register",
-           "AUTO", "MPI_NATIVE", "build_schedules", "resolve"]
+           "AUTO", "MPI_NATIVE", "build_schedules", "native_schedule", "resolve"]

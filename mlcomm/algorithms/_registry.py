@@ -12,9 +12,10 @@ __all__ = ["Algorithm", "ALGORITHMS", "COLLECTIVES", "register"]
 class Algorithm:
     """One way to run one collective.
 
-    ``build(rank, size, count, itemsize, **options) -> Schedule`` is None for
-    the MPI library's own call.  ``cost(p, nbytes, alpha, beta, gamma,
-    **options)`` is the closed-form alpha-beta-gamma time in seconds.
+    ``build(rank, size, count, itemsize, **options) -> Schedule`` (None for ``auto``,
+    which picks another). ``cost(p, nbytes, alpha, beta, gamma, **options)`` is the
+    closed-form alpha-beta-gamma time in seconds. ``library``: the schedule hands the call
+    to the MPI library's own collective (``mpi``).
     """
 
     name: str
@@ -27,6 +28,13 @@ class Algorithm:
     #: options the communicator's session supplies (its node layout, its window's slot
     #: size), not the caller
     context: tuple = ()
+    library: bool = False
+
+    @property
+    def hand_written(self) -> bool:
+        """Whether mlcomm's own schedule moves and reduces the data (not ``mpi``, not
+        ``auto``)."""
+        return self.build is not None and not self.library
 
     @property
     def window(self) -> bool:
@@ -44,9 +52,10 @@ COLLECTIVES: dict[str, dict[str, Algorithm]] = {
 ALGORITHMS = COLLECTIVES["allreduce"]
 
 
-def register(name, collective, build, cost, options=None, aliases=(), doc=None, context=()):
+def register(name, collective, build, cost, options=None, aliases=(), doc=None, context=(),
+             library=False):
     """Add an algorithm to its collective's registry and return it."""
     algo = Algorithm(name, collective, " ".join((doc or build.__doc__ or "").split()),
-                     build, cost, dict(options or {}), tuple(aliases), tuple(context))
+                     build, cost, dict(options or {}), tuple(aliases), tuple(context), library)
     COLLECTIVES[collective][name] = algo
     return algo

@@ -69,9 +69,9 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
     if intra not in INTRA:
         raise ValueError(f"intra={intra!r}: choose one of {', '.join(INTRA)}")
     flat = COLLECTIVES["allreduce"].get(inter)
-    if flat is None or flat.build is None or flat.context:
+    if flat is None or not flat.hand_written or flat.context:
         valid = sorted(n for n, a in COLLECTIVES["allreduce"].items()
-                       if a.build is not None and not a.context)
+                       if a.hand_written and not a.context)
         raise ValueError(f"inter={inter!r}: choose a flat algorithm, one of {', '.join(valid)}")
     nodes = tuple(tuple(n) for n in nodes) if nodes is not None else (tuple(range(size)),)
     node = node_of(rank, size, nodes)

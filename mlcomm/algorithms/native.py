@@ -2,11 +2,12 @@
 
 import gc
 
+from ..schedule import INPUT, OUTPUT, Collective, Region, Schedule, Step
 from ._registry import COLLECTIVES, register
 from .recursive_doubling import cost as _rd_cost
 from .recursive_halving_doubling import cost as _rhd_cost
 
-__all__ = ["MPI_NATIVE", "AUTO", "resolve", "build_schedules"]
+__all__ = ["MPI_NATIVE", "AUTO", "resolve", "build_schedules", "native_schedule"]
 
 MPI_NATIVE, AUTO = "mpi", "auto"
 
@@ -16,11 +17,37 @@ def _native_cost(p, nbytes, alpha, beta, gamma, **_):
     return min(_rd_cost(p, nbytes, alpha, beta, gamma), _rhd_cost(p, nbytes, alpha, beta, gamma))
 
 
+def _native_builder(collective):
+    def build(rank, size, count, itemsize=8, root=0, blocking=False):
+        return native_schedule(collective, rank, size, count, itemsize, root, blocking)
+    return build
+
+
 for _collective in COLLECTIVES:
-    register(MPI_NATIVE, _collective, None, _native_cost, aliases=("native",),
-             doc="The MPI library's own collective (MPI_Allreduce and friends), as the baseline.")
+    register(MPI_NATIVE, _collective, _native_builder(_collective), _native_cost,
+             options={"blocking": False}, aliases=("native",), library=True,
+             doc="The MPI library's own collective (MPI_Allreduce and friends): "
+                 "non-blocking, polled as mlcomm's own calls are, or with blocking=True "
+                 "the blocking call.")
 register(AUTO, "allreduce", None, _native_cost,
          doc="Pick the algorithm with the least predicted time for this size and rank count.")
+
+
+def native_schedule(collective: str, rank: int, size: int, count: int, itemsize: int = 8,
+                    root: int = 0, blocking: bool = False) -> Schedule:
+    """``rank``'s schedule of the ``mpi`` algorithm: one step, the library's own
+    ``collective`` on ``count`` elements, the count MPI takes (a reduce-scatter's block, an
+    allgather's contribution); ``blocking``: the blocking call, else the non-blocking one,
+    polled."""
+    if not isinstance(blocking, bool):
+        raise ValueError(f"blocking={blocking!r}: give True or False")
+    del itemsize  # the same schedule for every element size
+    n_in = count * size if collective == "reduce_scatter" else count
+    n_out = {"allgather": count * size, "reduce": count if rank == root else 0}.get(
+        collective, count)
+    step = Step([Collective(collective, Region(INPUT, 0, n_in), Region(OUTPUT, 0, n_out),
+                            count, root, blocking)])
+    return Schedule(rank, size, n_in, n_out, 0, [step])
 
 
 def resolve(name: str, collective: str = "allreduce") -> str:
@@ -39,8 +66,9 @@ def resolve(name: str, collective: str = "allreduce") -> str:
 def build_schedules(name, size, count, itemsize=8, collective="allreduce", **options):
     """Every rank's schedule of ``name`` for ``size`` ranks and ``count`` elements."""
     algo = COLLECTIVES[collective][resolve(name, collective)]
-    if algo.build is None:
-        raise ValueError(f"{algo.name!r} has no schedule: it is run by the MPI library or by selection")
+    if not algo.hand_written:
+        raise ValueError(f"{algo.name!r} has no schedule of mlcomm's own: the MPI library "
+                         f"runs it, or it picks another")
     # Millions of small acyclic records: the cyclic GC would rescan them all as they pile up.
     was_enabled = gc.isenabled()
     gc.disable()

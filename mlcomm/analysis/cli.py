@@ -258,7 +258,7 @@ def _simulate(args) -> int:
 def _node_aware() -> list:
     """The all-reduces that take the node layout (their schedules use it)."""
     from ..algorithms import ALGORITHMS
-    return [name for name, a in ALGORITHMS.items() if a.build is not None and a.context]
+    return [name for name, a in ALGORITHMS.items() if a.hand_written and a.context]
 
 
 def _explain(args) -> int:

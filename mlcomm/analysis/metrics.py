@@ -20,7 +20,7 @@ KEYS = ("algorithm", "ranks", "bytes", "rounds", "total_bytes_sent", "max_rank_b
 def analyzable() -> list[str]:
     """Names of the all-reduce algorithms that have a schedule (not ``mpi``, not ``auto``)."""
     from ..algorithms import ALGORITHMS
-    return [name for name, algo in ALGORITHMS.items() if algo.build is not None]
+    return [name for name, algo in ALGORITHMS.items() if algo.hand_written]
 
 
 def count_for(nbytes: int, itemsize: int) -> int:
@@ -162,7 +162,7 @@ def analyze(name: str, p: int, nbytes: int, *, itemsize: int = 8, profile=None,
         return row
     options = build_options(name, p, nbytes, itemsize=itemsize, options=options,
                             ranks_per_node=ranks_per_node, network=network)
-    if algo.build is not None:
+    if algo.hand_written:
         if program is None:
             count = count_for(nbytes, itemsize)
             program = compile_schedules(build_schedules(name, p, count, itemsize, **options), itemsize)

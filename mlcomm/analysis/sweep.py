@@ -56,7 +56,7 @@ def predict_time(name: str, p: int, nbytes: int, *, network: Network = Network()
     formula = formula_seconds(name, p, nbytes, network, opts, ranks_per_node)
     row = {"algorithm": name, "ranks": p, "bytes": nbytes, "seconds": formula,
            "source": "formula", "formula_seconds": formula}
-    if algo.build is None:
+    if not algo.hand_written:
         return row
     count = count_for(nbytes, itemsize)
     entries, build_seconds = estimate_work(name, p, count, itemsize, opts)

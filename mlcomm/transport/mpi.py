@@ -1,4 +1,4 @@
-"""MPI transports: persistent point-to-point requests, and the MPI library's own collectives.
+"""The MPI point-to-point transport (persistent requests), MPI op names, and ending the job.
 
 :class:`PointToPoint` binds one persistent request per transfer (``Send_init``/``Recv_init``,
 as bytes) once; the loops start and complete them by range. Completion is polled
@@ -10,21 +10,16 @@ another count or dtype is caught instead of returning a wrong result.
 from __future__ import annotations
 
 import ctypes
-from functools import lru_cache
-
 import numpy as np
 from mpi4py import MPI
-from mpi4py.util.dtlib import from_numpy_dtype
 from numba import carray
 
 from ..cabi import ccall2, ccall3, ccall4, i64_array_at
 from ..kernels import OP_TABLE, OPS, normalize_op
 from . import FAULT, Transport, compile_calls
 
-__all__ = ["IN_PLACE", "PointToPoint", "op_name", "mpi_op", "native_call", "native_dtype_ok",
-           "describe_error", "abort_job"]
+__all__ = ["PointToPoint", "op_name", "describe_error", "abort_job"]
 
-IN_PLACE = MPI.IN_PLACE
 _TAG = 0
 
 # --- ops -------------------------------------------------------------------------------------
@@ -45,10 +40,6 @@ def op_name(op) -> str:
             pass
     raise ValueError(f"op={op!r} is not supported; use one of {', '.join(OPS)} "
                      f"or the matching MPI.Op constant")
-
-
-def mpi_op(name: str) -> MPI.Op:
-    return _MPI_OPS[name]
 
 
 def describe_error(code: int) -> str:
@@ -225,45 +216,6 @@ class PointToPoint(Transport):
 
 def _address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
-
-
-# --- the MPI library's own collectives --------------------------------------------------------
-
-@lru_cache(maxsize=None)
-def native_dtype_ok(dtype) -> bool:
-    """True when the MPI library has a datatype for ``dtype`` (bfloat16 has none)."""
-    try:
-        from_numpy_dtype(dtype)
-    except (ValueError, KeyError, TypeError):
-        return False
-    return True
-
-
-def native_call(collective, comm, inp, out, op, root=0, *, overlap, copy, buffer):
-    """Run the MPI library's own collective on ``inp`` and ``out``.
-
-    Overlapping buffers (``overlap(inp, out)``) mean in place, in MPI's sense for each
-    collective; ``copy(dst, src)`` copies, ``buffer(x)`` gives what mpi4py takes.
-    """
-    in_place = overlap(inp, out)
-    if collective == "bcast" and comm.Get_rank() == root and not in_place:
-        copy(out, inp)
-    inp, out = buffer(inp), buffer(out)
-    send = MPI.IN_PLACE if in_place else inp
-    if collective == "allreduce":
-        comm.Allreduce(send, out, mpi_op(op))
-    elif collective == "reduce_scatter":  # in place: the p blocks are in inp, the result first
-        comm.Reduce_scatter_block(send, inp if in_place else out, mpi_op(op))
-    elif collective == "allgather":
-        comm.Allgather(send, out)
-    elif collective == "bcast":
-        comm.Bcast(out, root)
-    elif collective == "reduce":
-        if in_place and comm.Get_rank() != root:
-            send = inp
-        comm.Reduce(send, out, mpi_op(op), root)
-    else:
-        raise ValueError(collective)
 
 
 def abort_job(message: str | None = None, code: int = 1, comm=None) -> None:

@@ -37,7 +37,7 @@ def test_measured_once_per_band_same_everywhere_exact(fresh, monkeypatch, count)
     COMM.Allreduce(x, ref)
     agree(np.array_equal(got, ref), "auto's int32 sum differs from MPI_Allreduce")
     bands = _bands(s)
-    candidates = select.auto_candidates(P, s.nodes) + ["hierarchical"]
+    candidates = select.auto_candidates(P, s.nodes) + ["hierarchical", "mpi"]
     if P == 1:
         agree(not bands, f"a single rank has nothing to time: {bands}")
         return
