@@ -14,7 +14,8 @@ barrier, in a shuffled order), with one torch thread per rank:
   first;
 - a DDP training step of the trainer's CNN (``mlcomm train --framework torch --model cnn``:
   72 k float32 parameters in one bucket; zero_grad, forward, backward, SGD step on 32
-  random 8x8 images per rank) with PyTorch's ``DistributedDataParallel``.
+  random 8x8 images per rank) with PyTorch's ``DistributedDataParallel``, configured as the
+  trainer configures it (``gradient_as_bucket_view=True, static_graph=True``).
 
 A time is the median over rounds, averaged over ranks. Rank 0 writes the record (``--output``,
 default ``bench/results/torch_backend_{BACKEND}_p{P}.json``) and prints it.
@@ -92,7 +93,8 @@ def measure(args) -> dict | None:
             calls[name] = (lambda x: lambda: dist.all_reduce(x))(t)
             tensors.append((name, nbytes))
     model = TorchModel("cnn", 64, 10, dtype="float32", seed=0).module
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True,
+                                                    static_graph=True)  # as the trainer
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     g = torch.Generator().manual_seed(rank)
     x, y = torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)

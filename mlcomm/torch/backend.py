@@ -93,13 +93,14 @@ class WorkInfo:
 
 
 class Work(dist.Work):
-    """A call of the group: ``wait()`` until it is complete (raising its error)."""
+    """A call of the group: ``wait()`` until it is complete (raising its error);
+    ``get_future()``: a future of its output tensors (a started collective's is completed
+    on the progress thread; for send and recv, get_future waits for the transfer)."""
 
-    def __init__(self, group, outputs, requests=(), source=None):
+    def __init__(self, outputs, requests=(), future=None, source=None):
         super().__init__()
-        self._group, self._outputs, self._requests = group, outputs, requests
+        self._outputs, self._requests, self._future = outputs, requests, future
         self._source = source  # recv_anysource's MPI status
-        self._future = None
 
     def wait(self, timeout=None) -> bool:
         for request in self._requests:  # in order: the first error is raised
@@ -107,13 +108,12 @@ class Work(dist.Work):
         return True
 
     def is_completed(self) -> bool:
+        if self._future is not None:  # set as the call completes, just before its request
+            return self._future.done()
         return all(r.test() for r in self._requests)
 
     def is_success(self) -> bool:
-        try:
-            return self.is_completed() and self.wait()
-        except Exception:
-            return False
+        return self.is_completed() and self.exception() is None
 
     def exception(self):
         try:
@@ -132,23 +132,17 @@ class Work(dist.Work):
         return self._source.Get_source()
 
     def get_future(self) -> torch.futures.Future:
-        """A future of the output tensors: set on the progress thread once the call and
-        every call started before it are complete."""
         if self._future is None:
-            self._future = future = torch.futures.Future()
-            if self.is_completed():
-                self._settle()
-            else:
-                self._group._later(self._settle)
+            self._future = _settled(torch.futures.Future(), self._outputs, self.exception())
         return self._future
 
-    def _settle(self):
-        try:
-            self.wait()
-        except Exception as exc:
-            self._future.set_exception(exc)
-        else:
-            self._future.set_result(self._outputs)
+
+def _settled(future, outputs, error):
+    if error is None:
+        future.set_result(outputs)
+    else:
+        future.set_exception(error)
+    return future
 
 
 class _Point:
@@ -236,7 +230,7 @@ class ProcessGroupMlcomm(dist.ProcessGroup):
             self.session.wait_started()
             self._compare("all_reduce", described, None)
             allreduce(IN_PLACE, t, op, comm=self.comm, **self._allreduce)
-            return Work(self, tensors)
+            return Work(tensors)
         return self._go("allreduce", described, problem, [("allreduce", IN_PLACE, t, op, 0)],
                         tensors, opts.asyncOp, **self._allreduce)
 
@@ -277,8 +271,8 @@ class ProcessGroupMlcomm(dist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
         works = [self.allgather([outs], [t], opts) for outs, t in zip(output_lists, input_tensors)]
-        return Work(self, [t for outs in output_lists for t in outs],
-                    [r for w in works for r in w._requests])
+        return Work([t for outs in output_lists for t in outs],
+                    [r for w in works for r in w._requests], works[-1]._future if works else None)
 
     def all_gather_single(self, output, input, opts=None):
         opts = opts or dist.AllgatherOptions()
@@ -341,29 +335,30 @@ class ProcessGroupMlcomm(dist.ProcessGroup):
         opts = opts or dist.BarrierOptions()
         check = partial(self._compare, "barrier", "barrier", None)
         if opts.asyncOp:
-            return Work(self, [], [self.session.start(check)])
+            future = torch.futures.Future()
+            return Work([], [self.session.start(partial(_settling, check, future))], future)
         self.session.wait_started()
         check()
-        return Work(self, [])
+        return Work([])
 
     # point to point
 
     def send(self, tensors, dst, tag):
         _raise(self._local("send", tensors))
         (t,) = tensors
-        return Work(self, [t], [_Point(self._p2p.Isend(_bytes(t), dst, tag))])
+        return Work([t], [_Point(self._p2p.Isend(_bytes(t), dst, tag))])
 
     def recv(self, tensors, src, tag):
         _raise(self._local("recv", tensors))
         (t,) = tensors
-        return Work(self, [t], [_Point(self._p2p.Irecv(_bytes(t), src, tag))])
+        return Work([t], [_Point(self._p2p.Irecv(_bytes(t), src, tag))])
 
     def recv_anysource(self, tensors, tag):
         _raise(self._local("recv", tensors))
         (t,) = tensors
         status = MPI.Status()
         point = _Point(self._p2p.Irecv(_bytes(t), MPI.ANY_SOURCE, tag), status)
-        return Work(self, [t], [point], source=status)
+        return Work([t], [point], source=status)
 
     # hooks and life
 
@@ -463,47 +458,55 @@ class ProcessGroupMlcomm(dist.ProcessGroup):
         self._seq += 1
         info = WorkInfo(op_type, self._seq, sum(t.numel() * t.element_size() for t in outputs),
                         time.perf_counter(), 0.0, 0.0) if self._hooks else None
-        requests = []
-        if async_op and problem is None and described in self._seen:
-            for k, call in enumerate(calls):
-                requests.append(istart(*call, comm=self.comm, before=None if k else check,
-                                       **options))
-        else:
+        known = async_op and problem is None and described in self._seen
+        if not known:
             self.session.wait_started()
             check()
-            for call in calls:
-                if async_op:
-                    requests.append(istart(*call, comm=self.comm, **options))
-                else:
-                    _BLOCKING[call[0]](*call[1:], comm=self.comm, **options)
             if len(self._seen) > _KEEP:
                 self._seen.clear()
             self._seen.add(described)
-        if after is not None:
-            if async_op:
-                requests.append(self.session.start(partial(_then, requests[-1], after)))
-            else:
+        if not async_op:
+            for call in calls:
+                _BLOCKING[call[0]](*call[1:], comm=self.comm, **options)
+            if after is not None:
                 after()
-        if info is not None:
-            if async_op:
-                requests.append(self.session.start(
-                    lambda: self._finished(info, time.perf_counter())))
-            else:
-                info.time_started, info.time_finished = info.time_queued, time.perf_counter()
-                self._finished(info)
-        return Work(self, outputs, requests)
+            if info is not None:
+                self._finished(info, time.perf_counter())
+            return Work(outputs)
+        future, requests = torch.futures.Future(), []
+        for k, call in enumerate(calls):
+            done = partial(self._done, future, outputs, after, info, tuple(requests)) \
+                if k == len(calls) - 1 else None
+            requests.append(istart(*call, comm=self.comm, before=check if known and not k
+                                   else None, after=done, **options))
+        return Work(outputs, requests, future)
 
-    def _finished(self, info, end=None):
-        """Hand ``info`` to the hooks; ``end``: when a started call completed."""
-        if end is not None:  # it ran after the one started before it
-            info.time_started = max(info.time_queued, self._last_finished)
-            info.time_finished = self._last_finished = end
+    def _done(self, future, outputs, after, info, earlier, error):
+        """The end of a started call, on the progress thread (its last collective's
+        ``after``): ``after()``, the hooks, the future."""
+        for request in earlier:  # complete: they ran first
+            error = error or _error_of(request)
+        if error is None and after is not None:
+            try:
+                after()
+            except Exception as exc:
+                error = exc
+        if info is not None:
+            self._finished(info, time.perf_counter(), started=True)
+        _settled(future, outputs, error)
+        if error is not None:
+            raise error
+
+    def _finished(self, info, end, started=False):
+        """Hand ``info`` to the hooks, the call having completed at ``end``; a ``started``
+        one began to run once the call started before it had completed."""
+        info.time_started = max(info.time_queued, self._last_finished) if started else \
+            info.time_queued
+        info.time_finished = end
+        if started:
+            self._last_finished = end
         for hook in self._hooks:
             hook(info)
-
-    def _later(self, call):
-        """Run ``call()`` on the progress thread after every call started so far."""
-        self.session.start(call)
 
 
 def _op(what, kind, tensors):
@@ -539,9 +542,22 @@ def _shapes(what, size, lists, gathered):
     return None
 
 
-def _then(request, call):
-    request.wait()  # its error, not call()'s
-    call()
+def _error_of(request):
+    try:
+        request.wait()
+    except Exception as exc:
+        return exc
+    return None
+
+
+def _settling(call, future):
+    """``call()``, then its outcome into ``future``."""
+    try:
+        call()
+    except Exception as exc:
+        future.set_exception(exc)
+        raise
+    future.set_result([])
 
 
 def _raise(problem):

@@ -128,8 +128,11 @@ class TorchBSP(Mode):
                              f"({dist.get_world_size()} ranks), not on this communicator of "
                              f"{self.size}: call train() on MPI.COMM_WORLD")
         group = dist.group.WORLD
-        self.ddp = torch.nn.parallel.DistributedDataParallel(model.module,
-                                                             bucket_cap_mb=cfg.bucket_mb)
+        # the gradients are views into DDP's buckets (no copy in and out) and the graph is
+        # the same every step
+        self.ddp = torch.nn.parallel.DistributedDataParallel(
+            model.module, bucket_cap_mb=cfg.bucket_mb, gradient_as_bucket_view=True,
+            static_graph=True)
         self.opt = torch.optim.SGD(model.module.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                    weight_decay=cfg.weight_decay)
         self.x = model.tensor(ctx.data.x_train)
