@@ -48,7 +48,7 @@ from .kernels import BFLOAT16, DTYPES, OP_TABLE, OPS, is_supported, normalize_op
     supported_dtypes
 from .kernels.numpy_backend import bare_kernel, bare_kernel3, finalize
 from .local import run_local
-from .select import agreed_choice, plan_for
+from .select import agreed_choice, auto_ran, plan_for
 from .session import get as session_of
 
 __all__ = ["DTYPES", "OPS", "PASSED", "FAILED", "LIBRARY_WRONG", "Row", "Report", "sample",
@@ -197,30 +197,29 @@ def _problem(got, x, x_before, in_place) -> str:
     return ""
 
 
-def _value_problem(got, ref, p, op, name) -> tuple:
-    """``(problem, library)``: what is wrong with the values of this rank's result ``got``,
-    or ''; and whether ``got`` is the MPI library's own wrong answer (``mpi``'s row).
+def _value_problem(got, want, p, op, library, right=None, local=None) -> tuple:
+    """``(problem, library's)``: what is wrong with the values of this rank's result ``got``,
+    or ''; and whether ``got`` is the MPI library's own wrong answer, which is no problem
+    where the call ran the library (``library``: ``mpi``, or ``auto`` that chose it).
 
-    ``ref`` holds the references: ``want`` (``MPI_Allreduce``'s result) and, on the rank
-    ``by`` that computes them, ``exact`` (integers and bool) or ``scheduled`` (floats: the
-    local executor's output, or why there is none). The other ranks' results are compared
+    ``want`` is ``MPI_Allreduce``'s result. The rank that makes the references has ``right``,
+    the exact answer (integers and bool), or ``local``, the local executor's output or why
+    there is none (floats of a hand-written schedule); the other ranks' results are compared
     with that rank's across ranks.
     """
-    want, right = ref["want"], ref.get("exact")
     if got.dtype.kind in "iub":
         if right is None:
             return "", False
         i = _first_difference(got, right)
         if i is None:
             return "", False
-        if name == MPI_NATIVE and _first_difference(want, right) is not None and \
+        if library and _first_difference(want, right) is not None and \
                 _first_difference(got, want) is None:
             return "", True
         return f"differs from the exact answer (element {i}: {got[i]} where C gives " \
                f"{right[i]})", False
     if not close(got, want, p, op):
         return "differs from MPI_Allreduce beyond rounding", False
-    local = ref.get("scheduled", {}).get(name)
     if isinstance(local, str):
         return local, False
     if local is not None:
@@ -376,8 +375,6 @@ def verify(comm=None, algorithms=None, dtypes=None, ops=None, counts=None, seed=
                     line = library_error(ref["want"], ref["exact"], op, p)
                     if line:
                         library.append((exact_reductions, line))
-                elif rank == by:
-                    ref["scheduled"] = {}
                 for name in names:
                     _run_case(rows[name, dname], comm, session, ref, x, op, inputs)
     lines = sorted({item for lines in comm.allgather(library) for item in lines})
@@ -396,14 +393,16 @@ def _run_case(row, comm, session, ref, x, op, inputs):
             allreduce(IN_PLACE, got, op, comm=comm, algorithm=name)
         else:
             got = allreduce(x, None, op, comm=comm, algorithm=name)
-        if x.dtype.kind not in "iub" and name != MPI_NATIVE:  # every rank: an error is everyone's
-            ran, options = _ran(session, name, x.size, x.dtype, op)
-            if "scheduled" in ref:
-                ref["scheduled"][name] = scheduled(ran, options, inputs, op, rank, in_place)
+        ran, options = _ran(session, name, x.size, x.dtype, op)  # every rank: no message
+        local = None
+        if rank == ref["by"] and x.dtype.kind not in "iub" and ALGORITHMS[ran].hand_written:
+            local = scheduled(ran, options, inputs, op, rank, in_place)
         problem = _problem(got, x, x_before, in_place)
         is_library = False
         if not problem:
-            problem, is_library = _value_problem(got, ref, p, op, name)
+            problem, is_library = _value_problem(got, ref["want"], p, op,
+                                                 ALGORITHMS[ran].library, ref.get("exact"),
+                                                 local)
         digest = -1 if problem else zlib.crc32(np.ascontiguousarray(got).view(np.uint8))
         states = comm.allgather((problem, digest, is_library))  # every rank, every case
         wrong = [(r, s) for r, (s, _, _) in enumerate(states) if s]
@@ -411,7 +410,9 @@ def _run_case(row, comm, session, ref, x, op, inputs):
             by = ref["by"]
             wrong = [(r, f"differs from rank {by}'s result, which matches the reference")
                      for r, (_, d, _) in enumerate(states) if d != states[by][1]]
-        where = f"op={op} count={x.size} {'in-place' if in_place else 'out-of-place'}"
+        where = f"op={op} count={x.size} {'in-place' if in_place else 'out-of-place'}" + (
+            f" (ran {auto_ran(session, 'allreduce', x.size, x.dtype, op)})" if name == AUTO
+            else "")
         if wrong:
             row.failures += 1
             row.first_failure = row.first_failure or f"{where}: " + ", ".join(

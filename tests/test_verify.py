@@ -25,8 +25,7 @@ def _case(x, got, in_place=False, before=None):
 def test_a_right_answer_has_no_problem():
     x = np.arange(6, dtype=np.int32)
     assert _case(x, x * 2) == ""
-    assert v._value_problem(x * 2, {"want": x * 2, "exact": x * 2}, 2, "sum", "ring") == \
-        ("", False)
+    assert v._value_problem(x * 2, x * 2, 2, "sum", False, right=x * 2) == ("", False)
 
 
 @pytest.mark.parametrize("got, words", [
@@ -69,16 +68,18 @@ def test_a_wrong_library_is_named_with_its_value_and_cs():
     assert v.library_error(right, right, "sum", 3) == ""
 
 
-def test_only_mpis_row_may_return_the_librarys_wrong_answer():
+def test_only_a_call_that_ran_the_library_may_return_its_wrong_answer():
+    """``mpi``, or ``auto`` where it chose ``mpi``; any other algorithm must be exact."""
     right = v.exact([np.full(8, 100, np.int8)] * 3, "sum")
     saturated = np.full(8, 127, np.int8)
-    ref = {"want": saturated, "exact": right}
-    assert v._value_problem(saturated, ref, 3, "sum", "mpi") == ("", True)
-    words = "differs from the exact answer (element 0: 127 where C gives 44)"
-    assert v._value_problem(saturated, ref, 3, "sum", "ring") == (words, False)
+    check = lambda got, library: v._value_problem(got, saturated, 3, "sum", library, right)
+    assert check(saturated, True) == ("", True)
+    assert check(saturated, False) == \
+        ("differs from the exact answer (element 0: 127 where C gives 44)", False)
     wrong = saturated.copy()
-    wrong[0] = 0           # mpi's row gave neither C's answer nor the library's: mlcomm's fault
-    assert v._value_problem(wrong, ref, 3, "sum", "mpi")[0].startswith("differs from the exact")
+    wrong[0] = 0           # neither C's answer nor the library's: mlcomm's fault
+    assert check(wrong, True)[0].startswith("differs from the exact answer (element 0: 0 ")
+    assert check(right, True) == ("", False)
 
 
 def test_a_float_result_must_match_its_schedule_bit_for_bit():
@@ -90,12 +91,11 @@ def test_a_float_result_must_match_its_schedule_bit_for_bit():
     lost = v.scheduled("ring", (), [inputs[0], np.ones_like(inputs[1]), inputs[2]], "prod", 0)
     want = np.prod([x.astype(np.float64) for x in inputs], axis=0)  # MPI_Allreduce's, wider
     assert v.close(right, want, p, "prod") and v.close(lost, want, p, "prod")
-    ref = {"want": want, "scheduled": {"ring": right}}
-    assert v._value_problem(right, ref, p, "prod", "ring") == ("", False)
-    problem, _ = v._value_problem(lost, ref, p, "prod", "ring")
-    assert problem.startswith("differs from its schedule run by the local executor (element ")
-    assert v._value_problem(right * 2, ref, p, "prod", "ring")[0] == \
-        "differs from MPI_Allreduce beyond rounding"
+    check = lambda got: v._value_problem(got, want, p, "prod", False, local=right)[0]
+    assert check(right) == ""
+    assert check(lost).startswith("differs from its schedule run by the local executor "
+                                  "(element ")
+    assert check(right * 2) == "differs from MPI_Allreduce beyond rounding"
 
 
 def test_a_schedule_the_local_executor_rejects_is_a_failure_not_a_crash():
