@@ -217,13 +217,13 @@ class ProcessGroupMlcomm(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
-        t = tensors[0]
-        key = (opts.reduceOp.op, t.dtype, t.shape)
+        t, reduce_op = tensors[0], opts.reduceOp
+        key = (hash(reduce_op), t.dtype, t.shape)  # a ReduceOp hashes fast, its enum slowly
         known = self._known.get(key)
         if known is not None and len(tensors) == 1 and t.is_cpu and t.is_contiguous():
             op, described, problem = *known, None  # checked here before: compared only
         else:
-            problem, op, described = self._describe("all_reduce", tensors, opts.reduceOp)
+            problem, op, described = self._describe("all_reduce", tensors, reduce_op)
             if problem is None and len(self._known) < _KEEP:
                 self._known[key] = op, described
         if not opts.asyncOp and not self._hooks and problem is None:  # a small call's path
