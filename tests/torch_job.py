@@ -333,6 +333,10 @@ def groups():
         t = torch.full((3,), 1.0 + R)
         dist.all_reduce(t, group=pair)
         assert torch.all(t == 2 + P - 1), t
+    gloo = dist.new_group(backend="gloo")  # beside mlcomm's: through the store from MPI
+    t = torch.full((2,), float(R))
+    dist.all_reduce(t, group=gloo)
+    assert torch.all(t == P * (P - 1) / 2), t
     dist.barrier()
 
 
@@ -385,6 +389,14 @@ def errors():
         else:
             assert R != 0, "a group without rank 1 was created"
     dist.barrier()
+    # "cpu:mlcomm,cuda:nccl": torch makes the whole group mlcomm's, which says so
+    dist.destroy_process_group()
+    dist.init_process_group("cpu:mlcomm,cuda:nccl")
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    assert torch.all(t == P), t
+    raises(lambda: dist.all_reduce(torch.empty(3, device="meta")), TypeError,
+           "'cpu:mlcomm,cuda:nccl'", "the whole group", "new_group(backend='nccl')")
 
 
 PARTS = {"collectives": collectives, "ddp": ddp, "groups": groups, "errors": errors}

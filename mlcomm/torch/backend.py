@@ -391,8 +391,11 @@ class ProcessGroupMlcomm(dist.ProcessGroup):
             if t.device.type != "cpu":
                 return TypeError(
                     f"{what}: a {t.device.type} tensor; the mlcomm backend takes CPU tensors. "
-                    f"Copy it with .cpu(), or use a backend of its device for it beside mlcomm "
-                    f"(dist.new_group(backend='nccl') for CUDA)")
+                    f"Copy it with .cpu(), or run it on a group of a backend for its device "
+                    f"beside this one (dist.new_group(backend='nccl') for CUDA)" + (
+                        f". This group was asked for {dist.get_backend(self)!r}, but torch "
+                        f"gives a backend written in Python the whole group: there is no "
+                        f"other backend in it" if "," in dist.get_backend(self) else ""))
             if t.dtype not in _DTYPES:
                 return TypeError(
                     f"{what}: mlcomm has no {t.dtype}; convert the tensor (e.g. "
