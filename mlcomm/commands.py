@@ -354,7 +354,7 @@ def register(sub) -> None:
     p = sub.add_parser("info", help="versions, MPI library, CUDA-awareness, kernels, algorithms")
     p.set_defaults(func=_info)
     p = sub.add_parser(
-        "verify", help="check every algorithm against MPI_Allreduce (run under mpiexec)",
+        "verify", help="check every algorithm against an exact reference (run under mpiexec)",
         description="Run every algorithm x dtype x op x size, in and out of place. Integer\n"
                     "and bool results must equal the exact answer (C's wrap-around\n"
                     "arithmetic); float results must equal bit for bit the algorithm's\n"

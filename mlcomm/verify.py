@@ -74,7 +74,7 @@ class Row:
     first_failure: str = ""
     skipped: str = ""          # why there is no case, when there is none
     note: str = ""             # ops left out of a row that has cases, and why
-    library: int = 0           # cases that returned the MPI library's own wrong answer (mpi)
+    library: int = 0           # cases that ran the MPI library and got its wrong answer
     first_library: str = ""
 
     @property
