@@ -76,9 +76,10 @@ def _check_options(collective, algorithm, options):
     return options
 
 
-def _validate_across_ranks(pcomm, signature, error):
+def _validate_across_ranks(session, signature, error):
     """Compare call signatures over ranks; raise the same error on every rank on mismatch."""
-    everyone = pcomm.allgather((signature, None if error is None else str(error)))
+    session.watch.barrier(session.comm, "validate=True's comparison of the calls")
+    everyone = session.comm.allgather((signature, None if error is None else str(error)))
     failed = {r: e for r, (_, e) in enumerate(everyone) if e is not None}
     if failed:
         if error is not None:
@@ -141,7 +142,7 @@ def _run_device(collective, sendbuf, recvbuf, op, comm, algorithm, root, validat
         bufs = device.UserBuffers(sendbuf, recvbuf, dtype=dtype, stream=stream)
     except (TypeError, ValueError) as exc:
         if _validating(validate):  # the other ranks wait in the check across ranks: fail them too
-            _validate_across_ranks(session_of(_comm(comm)).comm, None, exc)
+            _validate_across_ranks(session_of(_comm(comm), collective), None, exc)
         raise
     has_result = collective != "reduce" or _comm(comm).Get_rank() == root
     if gpu.cuda_aware():
@@ -191,7 +192,7 @@ def _bind_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate
     session's cache (a persistent handle's).
     """
     comm = _comm(comm)
-    session = session_of(comm)
+    session = session_of(comm, collective)
     p, rank = session.size, session.rank
     validate = _validating(validate)
     signature, error, plan_args = None, None, None
@@ -205,7 +206,7 @@ def _bind_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate
             raise
         error = exc
     if validate:
-        _validate_across_ranks(session.comm, signature, error)
+        _validate_across_ranks(session, signature, error)
     inp, out, count, opname, name, options, alias = plan_args
     if name == AUTO:
         name, options = agreed_choice(session, collective, count, out.dtype, opname,

@@ -16,6 +16,7 @@ from mpi4py.util import dtlib
 
 from . import api, gpu, kernels
 from .algorithms import AUTO, COLLECTIVES, resolve
+from .session import get as session_of
 from .transport.mpi import op_name
 
 __all__ = ["Comm"]
@@ -151,6 +152,15 @@ class Comm(MPI.Intracomm):
 
     # collectives
 
+    def _library(self, nonblocking, name, *args):
+        """The MPI library's own collective (what mlcomm does not reduce): its non-blocking
+        form, waited for as mlcomm's own waits are (yielding the CPU; a stall reported
+        with the ranks that have not arrived)."""
+        watch = session_of(self, name).watch
+        start = getattr(MPI.Intracomm, nonblocking)
+        watch.wait(lambda: start(self, *args), f"{name} (the MPI library's, through "
+                                               f"mlcomm.Comm)")
+
     def _reducible(self, arrays, op):
         if arrays is None or any(a is None for a in arrays):
             return None
@@ -169,7 +179,7 @@ class Comm(MPI.Intracomm):
         arrays = _plain(sendbuf, recvbuf)
         name = self._reducible(arrays, op)
         if name is None:
-            return super().Allreduce(sendbuf, recvbuf, op)
+            return self._library("Iallreduce", "Allreduce", sendbuf, recvbuf, op)
         api.allreduce(arrays[0], arrays[1], name, comm=self,
                       algorithm=self._algorithms["allreduce"])
 
@@ -177,20 +187,21 @@ class Comm(MPI.Intracomm):
         arrays = _plain(sendbuf, recvbuf)
         name = self._reducible(arrays, op)
         if name is None:
-            return super().Reduce_scatter_block(sendbuf, recvbuf, op)
+            return self._library("Ireduce_scatter_block", "Reduce_scatter_block", sendbuf,
+                                 recvbuf, op)
         api.reduce_scatter(arrays[0], arrays[1], name, comm=self,
                            algorithm=self._algorithms["reduce_scatter"])
 
     def Allgather(self, sendbuf, recvbuf):
         arrays = _plain(sendbuf, recvbuf)
         if arrays is None or any(a is None for a in arrays):
-            return super().Allgather(sendbuf, recvbuf)
+            return self._library("Iallgather", "Allgather", sendbuf, recvbuf)
         api.allgather(arrays[0], arrays[1], comm=self, algorithm=self._algorithms["allgather"])
 
     def Bcast(self, buf, root=0):
         arrays = _plain(buf)
         if arrays is None or arrays[0] is None:
-            return super().Bcast(buf, root)
+            return self._library("Ibcast", "Bcast", buf, root)
         api.bcast(arrays[0], root, comm=self, algorithm=self._algorithms["bcast"])
 
     def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):
@@ -201,6 +212,6 @@ class Comm(MPI.Intracomm):
         name = self._reducible(arrays if arrays is None or self.Get_rank() == root
                                else arrays[:1], op)
         if name is None:
-            return super().Reduce(sendbuf, recvbuf, op, root)
+            return self._library("Ireduce", "Reduce", sendbuf, recvbuf, op, root)
         api.reduce(arrays[0], arrays[1], name, root, comm=self,
                    algorithm=self._algorithms["reduce"])

@@ -267,7 +267,8 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
                 proposal = _propose(collective, p, count, dtype, op, session.nodes, device, flat)
             except ValueError as exc:  # e.g. a bad MLCOMM_AUTO: every rank raises it
                 proposal = exc
-        agreed = session.agree(proposal)
+        agreed = session.agree(proposal, f"{collective} ({count} x {dtype}): auto's choice "
+                                          f"for a new size (mlcomm's agreement)")
         if isinstance(agreed, Exception):
             raise agreed
         choice, trial = agreed
@@ -347,7 +348,7 @@ def _trial(session, trial, count, dtype, op) -> tuple:
             for i in round_order(range(len(trial)), r):
                 binding, calls = bindings[i], trial[i][2]
                 binding.run()  # untimed: a block times repeated calls, as a loop makes them
-                session.comm.Barrier()
+                session.watch.barrier(session.comm, "auto's trial", roll=False)
                 start = time.perf_counter()
                 for _ in range(calls):
                     binding.run()
@@ -355,7 +356,8 @@ def _trial(session, trial, count, dtype, op) -> tuple:
     finally:
         for binding in bindings:
             binding.free()
-    session.comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+    session.watch.wait(lambda: session.comm.Iallreduce(MPI.IN_PLACE, times, op=MPI.MAX),
+                       "auto's trial", roll=False)
     typical = np.median(times, axis=1)
     pick = trial_pick([options for _, options, _ in trial], typical)
     if session.rank == 0 and os.environ.get("MLCOMM_DEBUG") == "1":
@@ -388,7 +390,8 @@ def distinct_plans(session, trial, count, dtype, op):
     schedules = [plans[name, options].schedule for name, options, _ in trial]
     same = np.array([[j < i and schedules[i] == schedules[j] for j in range(len(trial))]
                      for i in range(len(trial))], np.int32)
-    session.comm.Allreduce(MPI.IN_PLACE, same, op=MPI.MIN)
+    session.watch.wait(lambda: session.comm.Iallreduce(MPI.IN_PLACE, same, op=MPI.MIN),
+                       "auto's trial", roll=False)
     return [t for t, row in zip(trial, same) if not row.any()], plans
 
 

@@ -38,6 +38,7 @@ from .algorithms import resolve
 from .binding import Binding, buffer_key, settings_from_env
 from .plan import make_plan, plan_key
 from .progress import Progress
+from .watch import Watch, free_world, world_roll
 
 __all__ = ["Session", "get", "Slot", "MISS", "bound_call", "SLOTS", "slot_key", "remembers",
            "CACHE_BYTES", "cache_bytes", "cached_bytes"]
@@ -229,10 +230,8 @@ def _ref(obj):
 class Session:
     """Everything mlcomm keeps for one communicator (see the module docstring)."""
 
-    def __init__(self, comm):
-        # a plain Intracomm whatever the caller's class: mlcomm's own traffic never runs
-        # through a subclass's collectives (mlcomm.Comm's would run mlcomm again)
-        self.comm = MPI.Intracomm(comm).Dup()
+    def __init__(self, comm, what="mlcomm"):
+        self.comm = _duplicate(comm, what)
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         real = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -245,6 +244,8 @@ class Session:
         self.node_comm = self.comm.Split(self.nodes.index(self.node), self.rank)
         self._window = None
         self.settings = settings_from_env(self.rank, local > _cpus())
+        #: mlcomm's own waits on this communicator (roll calls on its duplicate)
+        self.watch = Watch(self.settings, self.rank, self.comm, list(range(self.size)))
         self.plans: OrderedDict = OrderedDict()
         self._scratch = weakref.WeakValueDictionary()  # plan key -> its host bindings' scratch
         self.plan_misses = 0
@@ -323,6 +324,9 @@ class Session:
         rank of a node reaches in the same call: they run one plan)."""
         if self._window is None:
             from .transport.shm import NodeWindow
+            node = Watch(self.settings, self.node.index(self.rank), self.node_comm,
+                         list(range(len(self.node))), names=self.node)
+            node.barrier(self.node_comm, "mlcomm's set-up of the node's shared window")
             self._window = NodeWindow(self.node_comm, self.slot_bytes)
         return self._window
 
@@ -353,8 +357,10 @@ class Session:
             self.progress.drain()
 
     # agreement
-    def agree(self, value):
-        """Rank 0's ``value`` on every rank (collective)."""
+    def agree(self, value, what="mlcomm's agreement across the ranks"):
+        """Rank 0's ``value`` on every rank (collective; a watched wait until every rank is
+        here, ``what`` naming it)."""
+        self.watch.barrier(self.comm, what)
         return self.comm.bcast(value if self.rank == 0 else None, root=0)
 
     # repeat slots
@@ -392,6 +398,26 @@ class Session:
                 self._window.free()
             self.node_comm.Free()
             self.comm.Free()
+
+
+def _duplicate(comm, what):
+    """mlcomm's duplicate of ``comm``: a plain Intracomm whatever the caller's class (so
+    mlcomm's traffic never runs through a subclass's collectives: mlcomm.Comm's would run
+    mlcomm again), made by ``MPI_Comm_idup`` in a watched wait (a rank late on the
+    communicator's first call is reported, with the set-up's roll call on the world's
+    duplicate where every rank has imported mlcomm)."""
+    plain = MPI.Intracomm(comm)
+    rank = plain.Get_rank()
+    roll, ranks = world_roll(plain)
+    made = []
+
+    def start():
+        dup, request = plain.Idup()
+        made.append(dup)
+        return request
+    Watch(settings_from_env(rank, True), rank, roll, ranks).wait(
+        start, f"{what}, the first call on this communicator (mlcomm's set-up)")
+    return made[0]
 
 
 def _cpus() -> int:
@@ -454,11 +480,12 @@ _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete)
 _ALL: "weakref.WeakSet[Session]" = weakref.WeakSet()
 
 
-def get(comm) -> Session:
-    """The session of ``comm``: created (collectively) on first use."""
+def get(comm, what="mlcomm") -> Session:
+    """The session of ``comm``: created (collectively) on first use, in a call ``what``
+    names (for a stall report)."""
     session = comm.Get_attr(_KEYVAL)
     if session is None:
-        session = Session(comm)
+        session = Session(comm, what)
         comm.Set_attr(_KEYVAL, session)
         _ALL.add(session)
     return session
@@ -469,3 +496,4 @@ def _free_all():
     if MPI.Is_initialized() and not MPI.Is_finalized():
         for session in list(_ALL):
             session.free_bindings()
+        free_world()

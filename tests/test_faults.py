@@ -121,6 +121,59 @@ def test_a_stall_is_reported_once_with_the_missing_ranks(tmp_path, env, handle, 
     assert "for ranks [2]" in proc.stderr
 
 
+FIRST = """
+    comm = mlcomm.Comm(MPI.COMM_WORLD)
+    x, out = np.full(8, rank + 1.0), np.empty(8)
+    {before}
+    if rank == size - 1:
+        time.sleep({sleep})
+    {call}
+    print("done", rank, flush=True)
+"""
+
+#: a first call in each place mlcomm waits for every rank outside a bound program
+FIRSTS = {
+    "set-up": ("", "mlcomm.allreduce(x)",
+               "allreduce, the first call on this communicator (mlcomm's set-up)"),
+    "set-up-comm": ("", "comm.Allreduce(x, out)",
+                    "allreduce, the first call on this communicator (mlcomm's set-up)"),
+    "new-size": ("mlcomm.allreduce(np.ones(3))", "mlcomm.allreduce(x)",
+                 "allreduce (8 x float64): auto's choice for a new size"),
+    "window": ("mlcomm.allreduce(np.ones(3), algorithm='ring')",
+               "mlcomm.allreduce(x, algorithm='shared_memory')",
+               "mlcomm's set-up of the node's shared window"),
+    "library": ("comm.Allreduce(np.ones(3, np.longdouble), np.empty(3, np.longdouble))",
+                "comm.Allreduce(np.ones(3, np.longdouble), np.empty(3, np.longdouble))",
+                "Allreduce (the MPI library's, through mlcomm.Comm)"),
+}
+
+
+@pytest.mark.parametrize("place", sorted(FIRSTS))
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_a_rank_late_on_a_first_call_is_named(tmp_path, place, nprocs):
+    """mlcomm's own waits (the communicator's set-up, auto's agreement on a new size, the
+    node window's creation, the library's collective through Comm) report a late rank by
+    name within the stall limit, then go on: the call completes."""
+    before, call, what = FIRSTS[place]
+    proc, _ = _job(tmp_path, nprocs, FIRST.format(before=before, sleep=4, call=call),
+                   {"MLCOMM_STALL_SECONDS": "1"}, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.count("done") == nprocs, proc.stderr
+    line = f"mlcomm: rank 0 has waited 1 s in {what}"
+    assert proc.stderr.count(line) == 1, proc.stderr
+    assert f"for ranks [{nprocs - 1}]" in proc.stderr.split(line, 1)[1].split("\n")[0]
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_a_rank_missing_from_a_first_call_ends_the_job_under_stall_abort(tmp_path, nprocs):
+    before, call, what = FIRSTS["set-up"]
+    proc, secs = _job(tmp_path, nprocs, FIRST.format(before=before, sleep=60, call=call),
+                      {"MLCOMM_STALL_SECONDS": "1", "MLCOMM_STALL_ABORT": "1"}, timeout=90)
+    assert proc.returncode != 0 and "done" not in proc.stdout
+    assert (f"mlcomm: rank 0 has waited 1 s in {what} for ranks [{nprocs - 1}] "
+            f"(MLCOMM_STALL_ABORT=1: ending the job)") in proc.stderr, proc.stderr
+    assert secs < 40
+
+
 @pytest.mark.parametrize("env", LOOPS)
 def test_a_stall_in_the_library_collective_is_reported(tmp_path, env):
     """algorithm="mpi" (MPI_Iallreduce, polled): the stall is reported; the library does not

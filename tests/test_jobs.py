@@ -28,9 +28,9 @@ def dry_run(script, *args, **env):
 
 def test_every_script_is_covered_and_parses():
     scripts = sorted(p.name for p in JOBS.iterdir() if p.suffix in (".sbatch", ".pbs", ".sh"))
-    assert scripts == ["mpiexec_hostfile.sh", "pbs_bench.pbs", "slurm_bench.sbatch",
-                       "slurm_gpu.sbatch", "slurm_hierarchical.sbatch", "slurm_train.sbatch",
-                       "slurm_tune.sbatch"]
+    assert scripts == ["impi_hydra.sh", "mpiexec_hostfile.sh", "openmpi_mpirun.sh",
+                       "pbs_bench.pbs", "slurm_bench.sbatch", "slurm_gpu.sbatch",
+                       "slurm_hierarchical.sbatch", "slurm_train.sbatch", "slurm_tune.sbatch"]
     for name in scripts:
         subprocess.run(["bash", "-n", str(JOBS / name)], check=True)
         text = (JOBS / name).read_text()
@@ -97,6 +97,26 @@ def test_mpiexec_hostfile_recipe_dry():
     cmd = dry_run("mpiexec_hostfile.sh", "--check", HOSTFILE="my hosts", NP="6")
     assert cmd[:7] == ["mpiexec", "--hostfile", "my hosts", "-n", "6", "mlcomm", "bench"]
     assert cmd[-1] == "--check"
+
+
+def test_openmpi_mpirun_binds_each_rank_to_a_core():
+    cmd = dry_run("openmpi_mpirun.sh", "--quick", NP="16", HOSTFILE="hosts.txt")
+    assert cmd[:9] == ["mpirun", "--hostfile", "hosts.txt", "-n", "16", "--map-by", "core",
+                       "--bind-to", "core"]
+    assert cmd[9:11] == ["mlcomm", "bench"] and cmd[-1] == "--quick"
+    cmd = dry_run("openmpi_mpirun.sh", NP="8", OVERSUBSCRIBE="1")
+    assert cmd[:10] == ["mpirun", "-n", "8", "--map-by", "core:OVERSUBSCRIBE", "--bind-to",
+                        "none", "--mca", "mpi_yield_when_idle", "1"]
+
+
+def test_impi_hydra_pins_each_rank_to_a_core():
+    cmd = dry_run("impi_hydra.sh", "--quick", NP="32", PPN="16", HOSTFILE="hosts.txt")
+    assert cmd[:13] == ["mpiexec.hydra", "-f", "hosts.txt", "-n", "32", "-ppn", "16",
+                        "-genv", "I_MPI_PIN", "1", "-genv", "I_MPI_PIN_DOMAIN", "core"]
+    assert cmd[13:15] == ["mlcomm", "bench"] and cmd[-1] == "--quick"
+    cmd = dry_run("impi_hydra.sh", NP="8", OVERSUBSCRIBE="1")
+    assert cmd[:11] == ["mpiexec.hydra", "-n", "8", "-ppn", "8", "-genv", "I_MPI_PIN", "0",
+                        "-genv", "I_MPI_THREAD_YIELD", "3"]
 
 
 def test_gpu_job_one_gpu_per_rank():

