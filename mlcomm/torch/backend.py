@@ -6,10 +6,12 @@ calls its methods from ``torch.distributed``'s functions and from DDP's C++ redu
 collective:
 
 1. checks its tensors (on the CPU, contiguous, a dtype and op mlcomm reduces) and compares
-   the call across the group's ranks: a checksum of the call's description (or of this
-   rank's error) goes through one 2-element mlcomm all-reduce (max) on a communicator of its
-   own. A call that differs on some rank (shape, dtype, op, root, collective) or fails on
-   one raises the same error on every rank, where it would otherwise hang or crash;
+   the call across the group's ranks: every rank's checksum of the call's description (or
+   of its error) is gathered by one mlcomm allgather of 64 bytes a rank, on a communicator
+   of its own. A call that differs on some rank (shape, dtype, op, root, collective) or
+   fails on one raises the same error on every rank, where it would otherwise hang or
+   crash. A blocking all-reduce of at most 56 bytes rides in that allgather and each rank
+   reduces the gathered rows in rank order (the same bits on every rank): one collective;
 2. runs on mlcomm: blocking in the caller's thread (``async_op=False``), or started on the
    communicator's progress thread (``async_op=True``, and every call of DDP's reducer),
    where started calls run one after another in the order they were started
@@ -39,8 +41,9 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from ..api import IN_PLACE, allgather, allreduce, allreduce_init, bcast, istart, reduce, \
+from ..api import IN_PLACE, Persistent, allgather, allreduce, bcast, istart, reduce, \
     reduce_scatter
+from ..kernels import OP_TABLE, check_op, finalize, reduce_into
 from ..session import get as session_of
 from ..tensors import as_array
 
@@ -54,6 +57,9 @@ _DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int
                      torch.uint16, torch.uint32, torch.uint64, torch.float16, torch.bfloat16,
                      torch.float32, torch.float64, torch.complex64, torch.complex128})
 _KEEP = 4096  # descriptions kept of the calls run
+#: bytes each rank adds to the comparison of a call: its 8-byte checksum, then the data of a
+#: blocking all-reduce of at most 56 bytes, which the comparison itself then carries
+_ROW = 64
 _GLOO = "or run it on a gloo group beside this one: dist.new_group(backend='gloo')"
 _UNSUPPORTED = {
     "gather": "all_gather gives every rank every tensor (keep the root's)",
@@ -181,8 +187,9 @@ class ProcessGroupMlcomm(dist.ProcessGroup):
         options = options or Options()
         self._allreduce = {"algorithm": options.algorithm, **options.options}
         self._check_comm = comm.Dup()
-        self._sig = np.zeros(2, np.int64)
-        self._agree = allreduce_init(IN_PLACE, self._sig, "max", comm=self._check_comm)
+        self._mine, self._rows = np.zeros(_ROW, np.uint8), np.zeros((self._size, _ROW), np.uint8)
+        self._gather = Persistent("allgather", self._mine, self._rows.reshape(-1), "sum",
+                                  self._check_comm, None, 0, None, {})
         self._p2p = comm.Dup()
         self._hooks = []
         self._seq = 0
@@ -228,8 +235,13 @@ class ProcessGroupMlcomm(dist.ProcessGroup):
                 self._known[key] = op, described
         if not opts.asyncOp and not self._hooks and problem is None:  # a small call's path
             self.session.wait_started()
-            self._compare("all_reduce", described, None)
-            allreduce(IN_PLACE, t, op, comm=self.comm, **self._allreduce)
+            data = as_array(t, "tensor").reshape(-1)
+            if self._size > 1 and data.nbytes <= _ROW - 8:  # one collective: the comparison
+                rows = self._compare("all_reduce", described, None, data)
+                _reduce_rows(rows[:, 8:8 + data.nbytes].view(data.dtype), op, data)
+            else:
+                self._compare("all_reduce", described, None)
+                allreduce(IN_PLACE, t, op, comm=self.comm, **self._allreduce)
             return Work(tensors)
         return self._go("allreduce", described, problem, [("allreduce", IN_PLACE, t, op, 0)],
                         tensors, opts.asyncOp, **self._allreduce)
@@ -426,14 +438,17 @@ class ProcessGroupMlcomm(dist.ProcessGroup):
             (f" {op}" if op else "") + (f" root {root}" if root is not None else "")
         return problem, op, described
 
-    def _compare(self, what, described, problem):
+    def _compare(self, what, described, problem, data=None):
         """Raise ``problem`` on this rank, or the difference between the ranks' calls, on
-        every rank alike (one small all-reduce when the calls agree)."""
+        every rank alike; else return every rank's row (checksum, then ``data``'s bytes), from
+        one allgather of ``_ROW`` bytes a rank (None for a group of one)."""
         if self._size > 1:
             code = zlib.crc32((described if problem is None else str(problem)).encode())
-            self._sig[0], self._sig[1] = code, -code
-            self._agree()
-            if self._sig[0] != -self._sig[1]:  # the ranks differ: every rank learns how
+            self._mine[:8].view(np.int64)[0] = code
+            if data is not None:
+                self._mine[8:8 + data.nbytes] = data.view(np.uint8)
+            self._gather()
+            if (self._rows[:, :8].view(np.int64) != code).any():  # every rank learns how
                 everyone = self._check_comm.allgather(
                     (described, None if problem is None else f"{type(problem).__name__}: "
                                                              f"{problem}"))
@@ -448,6 +463,7 @@ class ProcessGroupMlcomm(dist.ProcessGroup):
                         "tensors of the same shapes and dtypes and the same op and root")
         if problem is not None:
             raise problem
+        return self._rows
 
     def _go(self, op_type, described, problem, calls, outputs, async_op, after=None,
             **options):
@@ -522,13 +538,26 @@ def _op(what, kind, tensors):
             f"by the factor and use ReduceOp.SUM"), None
     if tensors and tensors[0].dtype == torch.bool:
         name = _BOOL_OPS.get(name, name)
-    from ..kernels import check_op
     for t in tensors:
         try:
             check_op(as_array(t, "tensor").dtype, name)
         except (TypeError, ValueError) as exc:
             return type(exc)(f"{what} with ReduceOp.{kind.name} on {t.dtype}: {exc}"), None
     return None, name
+
+
+def _reduce_rows(rows, op, out):
+    """``out[:] =`` the rows of ``rows`` reduced in rank order with mlcomm's ``op``: the same
+    bits on every rank."""
+    if op in ("min", "max") and out.dtype.kind == "f":  # IEEE min/max: mlcomm's kernels
+        acc = rows[0].copy()
+        for row in rows[1:]:
+            reduce_into(acc, np.ascontiguousarray(row), op)
+    else:
+        acc = OP_TABLE[op].ufunc.reduce(rows, axis=0)
+        if op == "avg":
+            finalize(acc, op, len(rows))
+    out[...] = acc
 
 
 def _shapes(what, size, lists, gathered):
