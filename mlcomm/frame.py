@@ -16,9 +16,13 @@ import numpy as np
 
 from .program import WIDTH
 
-__all__ = ["DONE", "STALLED", "FAULTED", "Frame", "compiled_supports", "op_names", "op_code"]
+__all__ = ["DONE", "STALLED", "FAULTED", "SPIN_NS", "Frame", "compiled_supports", "op_names",
+           "op_code"]
 
 DONE, STALLED, FAULTED = 0, 1, 2
+#: nanoseconds a WAIT spins between yields; after that it yields the CPU on every poll (a
+#: peer that waits for this core's time comes in at once, whoever else shares the cores)
+SPIN_NS = 50_000
 
 # frame words
 F_CODE, F_NCODE, F_OP, F_ITEM, F_PC, F_STALL_NS, F_YIELD_MASK, F_WTIME, F_YIELD, F_TRANSPORT, \

@@ -20,7 +20,7 @@ from .cabi import call0_f64, call3, ccall0, i64_array_at
 from .kernels.numba_backend import scalar
 from .frame import (DONE, F_BUFFERS, F_CODE, F_ITEM, F_NCODE, F_NWORDS, F_OTHER, F_PC,
                     F_STALL_NS, F_TRANSPORT, F_TRANSPORTS, F_TURN, F_WTIME, F_YIELD, F_YIELD_MASK,
-                    FAULTED, STALLED, op_names)
+                    FAULTED, SPIN_NS, STALLED, op_names)
 from .program import COPY, REDUCE, REDUCE2, REDUCE3, START, WAIT, WIDTH
 
 __all__ = ["entry"]
@@ -33,7 +33,7 @@ _NAMES = op_names()
 LAYOUT = ("F_CODE=0 F_NCODE=1 F_ITEM=3 F_PC=4 F_STALL_NS=5 F_YIELD_MASK=6 F_WTIME=7 "
           "F_YIELD=8 F_TRANSPORT=9 F_TURN=10 F_OTHER=11 F_NWORDS=12 F_TRANSPORTS=16 "
           "F_BUFFERS=28 WIDTH=8 START=1 WAIT=2 "
-          "COPY=3 REDUCE=4 REDUCE2=5 REDUCE3=6 DONE=0 STALLED=1 FAULTED=2")
+          "COPY=3 REDUCE=4 REDUCE2=5 REDUCE3=6 DONE=0 STALLED=1 FAULTED=2 SPIN_NS=50000")
 
 
 def _layout() -> str:
@@ -107,6 +107,7 @@ def execute(frame, like, op):
             t = F_TRANSPORTS + 3 * code[i + 1]
             spins = 0
             since = 0.0
+            mask = frame[F_YIELD_MASK]
             while True:
                 r = call3(frame[t + 2], frame[t], code[i + 2], code[i + 3])
                 if r == 1:
@@ -115,14 +116,16 @@ def execute(frame, like, op):
                     frame[F_TRANSPORT] = code[i + 1]
                     return FAULTED
                 spins += 1
-                if (spins & frame[F_YIELD_MASK]) == 0:
+                if (spins & mask) == 0:
                     ccall0(frame[F_YIELD])
                     now = call0_f64(frame[F_WTIME])
                     if since == 0.0:
                         since = now
-                    elif frame[F_STALL_NS] > 0 and (now - since) * 1e9 > frame[F_STALL_NS]:
-                        frame[F_PC] = pc
-                        return STALLED
+                    elif (now - since) * 1e9 > SPIN_NS:
+                        mask = 0  # a long wait: yield on every poll
+                        if frame[F_STALL_NS] > 0 and (now - since) * 1e9 > frame[F_STALL_NS]:
+                            frame[F_PC] = pc
+                            return STALLED
         else:
             d = _view(frame, like, code[i + 1], code[i + 2], code[i + 7])
             s = _view(frame, like, code[i + 3], code[i + 4], code[i + 7])

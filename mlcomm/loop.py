@@ -16,7 +16,9 @@ again to go on waiting) or ``FAULTED`` (a transport reported a fault; ask it wha
   stream that is synchronised before MPI touches device memory.
 
 A WAIT polls its transport; every ``yield_mask + 1`` polls it yields the CPU (ranks may
-outnumber cores) and reads the clock, so the stall check costs nothing on short waits.
+outnumber cores) and reads the clock, so the stall check costs nothing on short waits; a
+wait longer than :data:`mlcomm.frame.SPIN_NS` yields on every poll (other jobs may share
+the cores).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import time
 
 import numpy as np
 
-from .frame import DONE, F_OP, FAULTED, STALLED, Frame
+from .frame import DONE, F_OP, FAULTED, SPIN_NS, STALLED, Frame
 from .program import COPY, REDUCE, REDUCE2, REDUCE3, START, WAIT
 from .transport import FAULT
 
@@ -142,7 +144,7 @@ class PythonLoop:
     def _wait(self, transport, first, n) -> bool:
         """Poll until done; True (with ``_wait_code``) on a fault or a stall."""
         test = self.transports[transport].test
-        spins, since = 0, 0.0
+        spins, since, mask = 0, 0.0, self.yield_mask
         while True:
             r = test(first, n)
             if r == 1:
@@ -151,11 +153,13 @@ class PythonLoop:
                 self.faulted_transport, self._wait_code = transport, FAULTED
                 return True
             spins += 1
-            if (spins & self.yield_mask) == 0:
+            if (spins & mask) == 0:
                 os.sched_yield()
                 now = time.monotonic()
                 if not since:
                     since = now
-                elif self.stall_seconds and now - since > self.stall_seconds:
-                    self._wait_code = STALLED
-                    return True
+                elif now - since > SPIN_NS * 1e-9:
+                    mask = 0  # a long wait: yield on every poll
+                    if self.stall_seconds and now - since > self.stall_seconds:
+                        self._wait_code = STALLED
+                        return True
