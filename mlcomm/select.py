@@ -31,10 +31,22 @@ __all__ = ["requested", "auto_choice", "agreed_choice", "auto_ran", "plan_for", 
 
 #: a trial times a call of at most this many bytes (a larger call's band is judged by it)
 TRIAL_BYTES = 16 << 20
-#: timed blocks per candidate, interleaved, and about how long each lasts by the model
+#: what a trial may spend on a new size's first call: this many calls of its fastest
+#: candidate, plus TRIAL_FLOOR seconds
+TRIAL_STEADY = 10
+TRIAL_FLOOR = 20e-3
+#: rounds of timed blocks at most, and the shortest block worth timing (seconds)
 TRIAL_ROUNDS = 5
-TRIAL_BLOCK_SECONDS = 1e-3
-TRIAL_CALLS = (2, 256)
+TRIAL_BLOCK_SECONDS = 200e-6
+#: a candidate whose first call is this much slower than the fastest first call is not
+#: timed further; one whose median is this much slower than the best median leaves after
+#: its round
+TRIAL_PRUNE = 1.5
+TRIAL_DROP = 1.25
+#: from this many bytes on, first calls are timed on a quarter and a sixteenth of the size
+#: first, each keeping the candidates within TRIAL_PROBE_PRUNE of its fastest
+TRIAL_PROBE_BYTES = 1 << 20
+TRIAL_PROBE_PRUNE = 2.0
 #: measured times within this factor of the fastest count as a tie (the model's order breaks it)
 TRIAL_TIE = 1.02
 #: a variant (:data:`VARIANTS`) is chosen only where it times this much faster than the
@@ -290,8 +302,8 @@ def auto_ran(session, collective, count, dtype, op, *, device=False):
 
 def _propose(collective, p, count, dtype, op, nodes, device, flat):
     """Rank 0's ``(choice, None)``, or ``(None, trial)`` when the candidates are to be timed:
-    ``trial`` is ``[(name, options, calls per block), ...]`` in the model's order, ``options``
-    a tuple of items (a :data:`VARIANTS` entry, else empty)."""
+    ``trial`` is ``[(name, options), ...]`` in the model's order, ``options`` a tuple of
+    items (a :data:`VARIANTS` entry, else empty)."""
     mode, nbytes = _mode(), count * dtype.itemsize
     if collective != "allreduce" or flat or device or p == 1 or mode == "model":
         layout = tuple((r,) for r in range(p)) if flat else nodes
@@ -311,12 +323,7 @@ def _propose(collective, p, count, dtype, op, nodes, device, flat):
         if len(variants(choice)) == 1:
             return choice, None
         ranked = [choice]  # tune names the algorithm; which of its variants is timed here
-    trial_bytes = min(nbytes, TRIAL_BYTES)
-    scale = trial_bytes / nbytes if nbytes else 1.0
-    low, high = TRIAL_CALLS
-    calls = lambda name: int(min(high, max(low, TRIAL_BLOCK_SECONDS
-                                           // max(times[name] * scale, 1e-9))))
-    return None, [(name, options, calls(name)) for name in ranked for options in variants(name)]
+    return None, [(name, options) for name in ranked for options in variants(name)]
 
 
 def round_order(names, k) -> list:
@@ -328,46 +335,125 @@ def round_order(names, k) -> list:
 
 
 def _trial(session, trial, count, dtype, op) -> tuple:
-    """Time each candidate on scratch buffers on every rank; return the fastest as ``(name,
-    options)`` (the same on every rank: the times are reduced to the slowest rank's before
-    choosing). A variant whose schedule is its default's on every rank is not timed."""
-    from mpi4py import MPI
+    """Time the candidates on scratch buffers on every rank; return the fastest as ``(name,
+    options)``, the same on every rank (every decision below is taken on times reduced to
+    the slowest rank's).
+
+    The trial keeps to a budget: :data:`TRIAL_STEADY` calls of its fastest candidate plus
+    :data:`TRIAL_FLOOR` seconds. Every candidate's first call is timed; those within
+    :data:`TRIAL_PRUNE` of the fastest are then timed in rounds of interleaved blocks (a
+    block lasts at least :data:`TRIAL_BLOCK_SECONDS`), each round dropping those whose
+    median is :data:`TRIAL_DROP` slower than the best, until one is left, the rounds are
+    done or the budget is spent; the medians decide (:func:`trial_pick`). A variant whose
+    schedule is its default's on every rank is not timed. What it timed is kept in
+    ``session.trials`` by band.
+    """
     session.wait_started()
     n = max(1, min(count, TRIAL_BYTES // dtype.itemsize))
+    trial, plans = distinct_plans(session, trial, n, dtype, op)
+    sync = lambda: session.watch.barrier(session.comm, "auto's trial", roll=False)
+    spent, keep = 0.0, list(range(len(trial)))
+    probes = [n // 16, n // 4] if n * dtype.itemsize >= TRIAL_PROBE_BYTES else []
+    for m in probes:  # cheap first calls on smaller sizes thin out the candidates
+        times = _first_calls(session, [trial[i] for i in keep], m, dtype, op, sync)
+        spent += times.sum()
+        keep = [i for i, t in zip(keep, times) if t <= TRIAL_PROBE_PRUNE * times.min()]
     # written memory, as a caller's: pages never written all map the kernel's zero page, and
     # single-copy reads of them took twice as long (process_vm_readv)
     inp, out = np.ones(n, dtype), np.ones(n, dtype)
-    trial, plans = distinct_plans(session, trial, n, dtype, op)
-    times = np.zeros((len(trial), TRIAL_ROUNDS))
-    bindings = []
+    bindings = {}
     try:
-        for name, options, _ in trial:
-            bindings.append(session.own_binding(plans[name, options], inp, out))
-            bindings[-1].run()  # the first call sets up
-        for r in range(TRIAL_ROUNDS):  # rounds interleave the candidates: drift hits them all
-            for i in round_order(range(len(trial)), r):
-                binding, calls = bindings[i], trial[i][2]
-                binding.run()  # untimed: a block times repeated calls, as a loop makes them
-                session.watch.barrier(session.comm, "auto's trial", roll=False)
+        first = np.full(len(trial), np.inf)
+        for i in keep:
+            bindings[i] = session.own_binding(plans[trial[i]], inp, out)
+            bindings[i].scratch[...] = 0  # touched, as a repeated call finds it
+            sync()
+            start = time.perf_counter()
+            bindings[i].run()
+            first[i] = time.perf_counter() - start
+        first[keep] = _slowest(session, first[keep])
+        spent += first[keep].sum()
+        budget = TRIAL_STEADY * first.min() + TRIAL_FLOOR - spent
+        alive = [i for i in keep if first[i] <= TRIAL_PRUNE * first.min()]
+        samples = {i: [] for i in alive}
+        estimate = first.copy()
+        calls = np.zeros(len(trial), np.int64)
+        for r in range(TRIAL_ROUNDS):
+            one_each = sum(estimate[i] for i in alive)
+            if len(alive) == 1 or budget < one_each:
+                break
+            block = max(TRIAL_BLOCK_SECONDS, budget / (TRIAL_ROUNDS - r) / len(alive))
+            block = min(block, budget / len(alive))
+            times = np.zeros(len(trial))
+            counts = {i: max(1, int(block // estimate[i])) for i in alive}
+            for i in round_order(alive, r):  # interleaved: drift hits them all
+                sync()
                 start = time.perf_counter()
-                for _ in range(calls):
-                    binding.run()
-                times[i, r] = (time.perf_counter() - start) / calls
+                for _ in range(counts[i]):
+                    bindings[i].run()
+                times[i] = (time.perf_counter() - start) / counts[i]
+            times = _slowest(session, times)
+            for i in alive:
+                samples[i].append(times[i])
+                estimate[i] = float(np.median(samples[i]))
+                calls[i] += counts[i]
+                budget -= counts[i] * times[i]
+            best = min(estimate[i] for i in alive)
+            alive = [i for i in alive if estimate[i] <= TRIAL_DROP * best]
     finally:
-        for binding in bindings:
+        for binding in bindings.values():
             binding.free()
+    pick = alive[trial_pick([trial[i][1] for i in alive], [estimate[i] for i in alive])]
+    session.trials[_band_key(count, dtype, op)] = {
+        "first": {_label_of(trial[i]): float(first[i]) for i in keep},
+        "calls": {_label_of(trial[i]): int(calls[i]) for i in range(len(trial))},
+        "median": {_label_of(trial[i]): estimate[i] for i in range(len(trial)) if calls[i]},
+        "spent": float(TRIAL_STEADY * first.min() + TRIAL_FLOOR - budget),
+        "budget": float(TRIAL_STEADY * first.min() + TRIAL_FLOOR),
+        "probes": [int(m) for m in probes], "pick": _label_of(trial[pick])}
+    if session.rank == 0 and os.environ.get("MLCOMM_DEBUG") == "1":
+        ranked = ", ".join(f"{_label_of(trial[i])}={estimate[i] * 1e6:.1f}us"
+                           for i in sorted(range(len(trial)), key=lambda i: estimate[i]))
+        log.warning("mlcomm: auto p=%d bytes=%d -> %s (measured on %d bytes; %s)",
+                    session.size, count * dtype.itemsize, _label_of(trial[pick]),
+                    n * dtype.itemsize, ranked)
+    return trial[pick]
+
+
+def _first_calls(session, entries, count, dtype, op, sync) -> np.ndarray:
+    """The first call's time of each ``(name, options)`` on ``count`` elements, the slowest
+    rank's."""
+    inp, out = np.ones(count, dtype), np.ones(count, dtype)
+    times = np.zeros(len(entries))
+    for i, (name, options) in enumerate(entries):
+        binding = session.own_binding(plan_for(session, "allreduce", name, count, dtype, op,
+                                               dict(options)), inp, out)
+        try:
+            binding.scratch[...] = 0
+            sync()
+            start = time.perf_counter()
+            binding.run()
+            times[i] = time.perf_counter() - start
+        finally:
+            binding.free()
+    return _slowest(session, times)
+
+
+def _slowest(session, times) -> np.ndarray:
+    """``times`` reduced to the slowest rank's, on every rank."""
+    from mpi4py import MPI
     session.watch.wait(lambda: session.comm.Iallreduce(MPI.IN_PLACE, times, op=MPI.MAX),
                        "auto's trial", roll=False)
-    typical = np.median(times, axis=1)
-    pick = trial_pick([options for _, options, _ in trial], typical)
-    if session.rank == 0 and os.environ.get("MLCOMM_DEBUG") == "1":
-        ranked = ", ".join(f"{_label(name, options)}={t * 1e6:.1f}us"
-                           for (name, options, _), t in sorted(zip(trial, typical),
-                                                               key=lambda x: x[1]))
-        log.warning("mlcomm: auto p=%d bytes=%d -> %s (measured on %d bytes; %s)",
-                    session.size, count * dtype.itemsize, _label(*trial[pick][:2]),
-                    n * dtype.itemsize, ranked)
-    return trial[pick][0], trial[pick][1]
+    return times
+
+
+def _band_key(count, dtype, op) -> tuple:
+    """The key of an all-reduce's size band in ``session.trials``."""
+    return (count * dtype.itemsize).bit_length(), dtype.str, op
+
+
+def _label_of(entry) -> str:
+    return _label(*entry)
 
 
 def trial_pick(options, typical) -> int:
@@ -386,8 +472,8 @@ def distinct_plans(session, trial, count, dtype, op):
     from mpi4py import MPI
     plans = {(name, options): plan_for(session, "allreduce", name, count, dtype, op,
                                        dict(options))
-             for name, options, _ in trial}
-    schedules = [plans[name, options].schedule for name, options, _ in trial]
+             for name, options in trial}
+    schedules = [plans[name, options].schedule for name, options in trial]
     same = np.array([[j < i and schedules[i] == schedules[j] for j in range(len(trial))]
                      for i in range(len(trial))], np.int32)
     session.watch.wait(lambda: session.comm.Iallreduce(MPI.IN_PLACE, same, op=MPI.MIN),

@@ -38,6 +38,7 @@ from .algorithms import resolve
 from .binding import Binding, buffer_key, settings_from_env
 from .plan import make_plan, plan_key
 from .progress import Progress
+from .transport import MESSAGES, PATHS
 from .watch import Watch, free_world, world_roll
 
 __all__ = ["Session", "get", "Slot", "MISS", "bound_call", "SLOTS", "slot_key", "remembers",
@@ -250,10 +251,12 @@ class Session:
         self._scratch = weakref.WeakValueDictionary()  # plan key -> its host bindings' scratch
         self.plan_misses = 0
         self.choices: dict = {}
+        self.trials: dict = {}  # what auto's trials timed, by size band
         self.handles = weakref.WeakSet()
         self.slots: set = set()
         self.progress = None  # the progress thread, once a non-blocking call starts one
-        self.sent = np.zeros(1, np.int64)  # bytes every transport of this session sent
+        #: bytes this session's transports moved between ranks, per path of ``PATHS``
+        self.moved = np.zeros(len(PATHS), np.int64)
         self.freed = False
 
     # plans
@@ -290,7 +293,7 @@ class Session:
         scratch_key = key if device else (id(self), plan.key)
         shared = _SCRATCH.get(scratch_key)
         scratch = None if shared is None else self._scratch[plan.key]
-        binding = Binding(self.comm, plan, inp, out, self.settings, scratch, self.sent,
+        binding = Binding(self.comm, plan, inp, out, self.settings, scratch, self.moved,
                           self.window() if plan.program.node_size else None)
         if shared is None:
             held = binding.nbytes + (inp.nbytes + out.nbytes if device else 0)
@@ -308,7 +311,7 @@ class Session:
 
     def own_binding(self, plan, inp, out):
         """A binding outside the cache, with its own scratch (a persistent handle's)."""
-        return Binding(self.comm, plan, inp, out, self.settings, sent=self.sent,
+        return Binding(self.comm, plan, inp, out, self.settings, moved=self.moved,
                        window=self.window() if plan.program.node_size else None)
 
     def context(self, names) -> dict:
@@ -331,9 +334,16 @@ class Session:
         return self._window
 
     def bytes_sent(self) -> int:
-        """Bytes mlcomm's own algorithms have sent on this communicator, counted by the
-        transports where messages are posted (the ``mpi`` algorithm's are MPI's own)."""
-        return int(self.sent[0])
+        """Bytes of the messages mlcomm's own algorithms have sent on this communicator,
+        counted where they are posted (the ``mpi`` algorithm's are the library's own)."""
+        return int(self.moved[MESSAGES])
+
+    def bytes_moved(self) -> dict:
+        """Bytes mlcomm's own algorithms have moved between ranks on this communicator,
+        per path (:data:`mlcomm.transport.PATHS`): the messages this rank sent, what it read
+        from its node peers' window slots, what it read from or wrote into their buffers by
+        single copy. The ``mpi`` algorithm's are the library's own and not counted."""
+        return dict(zip(PATHS, self.moved.tolist()))
 
     def bindings(self):
         """This session's cached bindings, least recently used first."""

@@ -139,3 +139,30 @@ def test_shared_memory_gives_the_same_bits_by_reads_and_through_its_window(fresh
     ref = np.empty_like(x)
     comm.Allreduce(x, ref)
     agree(np.allclose(reads, ref, rtol=1e-5, atol=1e-4 * P), "differs from MPI_Allreduce")
+
+
+@pytest.mark.parametrize("count", [2, 16384, 1 << 20])
+def test_a_trial_keeps_to_its_budget(fresh, monkeypatch, count):
+    """A new size's first call times at most TRIAL_STEADY calls of its fastest candidate
+    plus TRIAL_FLOOR seconds, by counting its calls: each candidate's first call (from
+    1 MiB, on a sixteenth and a quarter of the size before), then timed rounds only while
+    the budget holds a call of every candidate left, so a round oversteps it by at most one
+    call each. Every count and time in the account is the slowest rank's, so the account
+    and the pick are the same on every rank."""
+    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
+    monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
+    comm, s = fresh
+    if P == 1:
+        pytest.skip("needs two ranks")
+    x = np.ones(count, np.float32)
+    mlcomm.allreduce(x, comm=comm)
+    record = s.trials[select._band_key(count, x.dtype, "sum")]
+    agree(COMM.allgather(record) == [record] * P, "the trial's account differs across ranks")
+    big = count * 4 >= select.TRIAL_PROBE_BYTES
+    agree(record["probes"] == ([count // 16, count // 4] if big else []), str(record))
+    timed = sum(record["calls"][k] * t for k, t in record["median"].items())
+    one_each = sum(record["median"].values())
+    first = record["spent"] - timed  # probes and first calls
+    agree(timed == 0 or first + timed <= max(record["budget"], first) + one_each,
+          f"the rounds overstep the budget: {record}")
+    agree(record["pick"] in record["first"], str(record))
