@@ -13,8 +13,10 @@ steps of the global batch: backup runs P/(P-b) times the steps, async P times
 the updates of one worker's batch).  A run's end is the job's wall time, the
 longest of every rank's, from the start barrier to the last rank leaving.
 
-Figure 2 (bench/train_compress.png, .csv): BSP with each compressor, test
-accuracy against cumulative bytes sent by rank 0, as mlcomm's transport counted them.
+Figure 2 (bench/train_compress.png, .csv): BSP with each compressor, on ``ring`` and on
+``shared_memory``, test accuracy against the cumulative bytes rank 0 moved between ranks,
+as mlcomm's transports counted them on every path (messages, the node's window, single
+copies; a column each).
 
 Figure 3 (bench/train_timeline.png, .json): ``mlcomm train --framework torch --model cnn
 --timeline``: a few steps of every rank's compute and communication spans, drawn from the
@@ -39,8 +41,11 @@ STRAGGLER_COLS = ["run", "mode", "straggler", "step", "wall_s", "loss", "test_ac
                   "dropped", "bytes_sent", "cum_bytes", "job_wall_s"]
 TIMELINE_STEPS = 40      # steps trained for the timeline; the figure shows the last few
 TIMELINE_SHOWN = 3
-COMPRESS_COLS = ["run", "step", "wall_s", "loss", "test_accuracy", "samples_per_s", "compute_s",
-                 "comm_s", "bytes_sent", "cum_bytes"]
+#: the gradient all-reduces of figure 2: a flat algorithm's messages, the node's window
+COMPRESS_ALGORITHMS = ("ring", "shared_memory")
+COMPRESS_COLS = ["algorithm", "run", "step", "wall_s", "loss", "test_accuracy", "samples_per_s",
+                 "compute_s", "comm_s", "bytes_sent", "bytes_messages", "bytes_window",
+                 "bytes_single_copy", "cum_bytes"]
 
 
 def _mode_steps(label, opts, steps, size):
@@ -80,15 +85,16 @@ def _write(path, runs, cols):
             for r in rows:
                 cum_bytes += int(r["bytes_sent"])
                 cum_samples += int(r.get("samples", 0))
-                w.writerow({**r, "run": label, "cum_bytes": cum_bytes, "cum_samples": cum_samples})
+                w.writerow({"run": label, **r, "cum_bytes": cum_bytes,
+                            "cum_samples": cum_samples})
 
 
-def _read(path):
+def _read(path, key=lambda r: r["run"]):
     runs = defaultdict(list)
     with open(path, newline="") as fh:
         for r in csv.DictReader(fh):
-            runs[r["run"]].append({k: (v if k in ("run", "mode", "straggler") else float(v))
-                                   for k, v in r.items()})
+            runs[key(r)].append({k: (v if k in ("run", "mode", "straggler", "algorithm")
+                                     else float(v)) for k, v in r.items()})
     return dict(runs)
 
 
@@ -133,8 +139,14 @@ def _train_all(args):
             _write(os.path.join(HERE, "train_straggler.csv"), strag, STRAGGLER_COLS)
     if "compress" in args.only:
         comp = {}
-        for spec in COMPRESSORS:
-            comp[spec] = train(compress=spec, steps=args.steps, **common).metrics
+        meta["compress"] = {"ranks": size, "steps": args.steps,
+                            "algorithms": list(COMPRESS_ALGORITHMS)}
+        for algorithm in COMPRESS_ALGORITHMS:
+            for spec in COMPRESSORS:
+                rows = train(compress=spec, steps=args.steps,
+                             **dict(common, algorithm=algorithm)).metrics
+                comp[f"{algorithm} {spec}"] = [{**r, "run": spec, "algorithm": algorithm}
+                                               for r in rows]
         if rank == 0:
             _write(os.path.join(HERE, "train_compress.csv"), comp, COMPRESS_COLS)
     if "timeline" in args.only:
@@ -216,14 +228,20 @@ def _plot_compress(meta):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    comp = _read(os.path.join(HERE, "train_compress.csv"))
+    comp = _read(os.path.join(HERE, "train_compress.csv"),
+                 key=lambda r: (r["algorithm"], r["run"]))
+    info = meta["compress"]
+    colors = dict(zip(COMPRESSORS, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    styles = dict(zip(info["algorithms"], ("-", "--", ":")))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for label, rows in comp.items():
+    for (algorithm, label), rows in comp.items():
+        style = dict(color=colors[label], ls=styles[algorithm])
         axes[0].plot([r["cum_bytes"] for r in rows], [r["test_accuracy"] for r in rows],
-                     label=label, lw=1.2)
-        axes[1].plot([r["step"] for r in rows], [r["loss"] for r in rows], label=label, lw=1)
+                     lw=1.2, **style)
+        axes[1].plot([r["step"] for r in rows], [r["loss"] for r in rows], lw=1, **style)
     axes[0].set_xscale("log")
-    axes[0].set_xlabel("bytes sent by rank 0 (cumulative, counted by mlcomm's transport)")
+    axes[0].set_xlabel("bytes rank 0 moved between ranks (cumulative: messages, window, "
+                       "single copies)", fontsize=9)
     axes[0].set_ylabel("test accuracy")
     axes[0].set_ylim(0.5, 1.0)
     axes[1].set_yscale("log")
@@ -231,16 +249,24 @@ def _plot_compress(meta):
     axes[1].set_ylabel("training loss")
     for ax in axes:
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8, title="--compress")
-    fig.suptitle(f"BSP gradient compression on digits, {meta['ranks']} ranks "
-                 f"(dense, fp16: {meta['algorithm']} all-reduce; top-k, QSGD: ring allgather)")
+    from matplotlib.lines import Line2D
+    axes[0].legend(handles=[Line2D([], [], color=colors[c], label=c) for c in COMPRESSORS]
+                   + [Line2D([], [], color="black", ls=styles[a], label=a)
+                      for a in info["algorithms"]],
+                   fontsize=8, title="--compress, --algorithm", loc="lower right")
+    fig.suptitle(f"BSP gradient compression on digits, {info['ranks']} ranks (dense, fp16: "
+                 f"{' or '.join(info['algorithms'])} all-reduce; top-k, QSGD: ring allgather)")
     _save(fig, "train_compress.png")
     print("compress:")
-    for label, rows in comp.items():
+    for (algorithm, label), rows in comp.items():
         last = rows[-1]
-        print(f"  {label:12s} steps={int(last['step']):4d} wall={last['wall_s']:6.2f}s "
-              f"loss={last['loss']:.4f} acc={last['test_accuracy']:.4f} "
-              f"bytes={int(last['cum_bytes'])}")
+        paths = {k[6:]: int(sum(r[k] for r in rows)) for k in COMPRESS_COLS
+                 if k.startswith("bytes_") and k != "bytes_sent"}
+        dense = comp[algorithm, "none"][-1]["cum_bytes"]
+        print(f"  {algorithm:13s} {label:10s} steps={int(last['step']):4d} "
+              f"wall={last['wall_s']:6.2f}s loss={last['loss']:.4f} "
+              f"acc={last['test_accuracy']:.4f} bytes={int(last['cum_bytes'])} {paths} "
+              f"({dense / last['cum_bytes']:.1f}x fewer than dense)")
 
 
 def _plot_timeline(meta):

@@ -27,7 +27,7 @@ from .frame import DONE, F_PC, FAULTED, STALLED, Frame, compiled_supports, op_co
 from .loop import HostMemory, PythonLoop, compiled_loop
 from .program import IN_PLACE, INPUT, NATIVE, OUTPUT, SCRATCH, SLOTS
 from .schedule import TURN_BYTES
-from .transport import Transport
+from .transport import WINDOW, Transport
 from .transport.mpi import PointToPoint, abort_job
 from .transport.native import LibraryCollectives, NativeCall
 from .transport.peer import PeerCopies
@@ -105,11 +105,12 @@ class Binding:
     arrays, or device vectors (:class:`mlcomm.device.DeviceVector`) on a CUDA-aware MPI.
 
     ``scratch`` may be shared with other host bindings of the same plan (calls on one
-    communicator run one at a time); else the binding allocates its own. ``sent`` is the
-    int64 counter the transport adds every byte it sends to.
+    communicator run one at a time); else the binding allocates its own. ``moved`` holds the
+    int64 counters, one per path of :data:`mlcomm.transport.PATHS`, that the transports add
+    the bytes they move between ranks to (:attr:`mlcomm.program.Program.moved` a run).
     """
 
-    def __init__(self, comm, plan, inp, out, settings: Settings, scratch=None, sent=None,
+    def __init__(self, comm, plan, inp, out, settings: Settings, scratch=None, moved=None,
                  window=None):
         self.plan, self.settings = plan, settings
         program = plan.program
@@ -146,17 +147,18 @@ class Binding:
             addresses = [_address(inp), _address(out), _address(scratch), *slots]
             message = lambda t: (ctypes.c_char * t.nbytes).from_address(
                 addresses[t.buffer] + t.offset)
-        self.transport = PointToPoint(comm, program.transfers, message, sent)
+        self.transport = PointToPoint(comm, program.transfers, message, moved)
         self.transports = [self.transport]
         if program.node_size:
             node = plan.schedule.node
             self.transports.append(NodeSync(window, program.syncs,
-                                            node.index(plan.schedule.rank), node, addresses[:2]))
+                                            node.index(plan.schedule.rank), node, addresses[:2],
+                                            moved, program.moved[WINDOW]))
         if program.fetches:
             if not window.single_copy:
                 raise ValueError(f"{plan.describe()} reads its node peers' memory, which this "
                                  f"node does not allow: {window.single_copy_error}")
-            self.transports.append(PeerCopies(window, program.fetches, addresses, node))
+            self.transports.append(PeerCopies(window, program.fetches, addresses, node, moved))
         if program.calls:
             if device:
                 raise TypeError(f"{plan.describe()} runs on host buffers here; device buffers "

@@ -136,6 +136,10 @@ class Program:
     #: every call of the library's collectives, in the order START/WAIT ranges on
     #: :data:`NATIVE` index them
     calls: tuple = ()
+    #: the bytes one run moves between ranks, per path of :data:`mlcomm.transport.PATHS`:
+    #: the messages it sends, what it reads from peers' window slots, what it reads from or
+    #: writes into peers' buffers by single copy (the library's collectives: not counted)
+    moved: tuple = (0, 0, 0)
 
     @property
     def instructions(self) -> np.ndarray:
@@ -192,7 +196,7 @@ def lower(schedule: Schedule, itemsize: int, alias: int | None = None) -> Progra
                       for t in messages]
         syncs += posts + waits
     early = _early_starts(schedule, where)
-    code, partial, largest = [], False, 0
+    code, partial, largest, window = [], False, 0, 0
     for k, step in enumerate(schedule.steps):
         (first, n), posted, awaited, native = ranges[k]
         if n and not early[k]:
@@ -248,15 +252,19 @@ def lower(schedule: Schedule, itemsize: int, alias: int | None = None) -> Progra
                 else:
                     code.append((REDUCE3, *ref(d), *ref(op.src), *ref(left), nbytes))
                 sources = [op.src, left]
+            window += sum(r.count * itemsize for r in sources
+                          if slot_owner(r.buffer) not in (None, schedule.rank))
             dw = where(d)
             partial |= any(_meet(dw, where(s)) and dw[0] != where(s)[0] for s in sources)
         start_reads()
     words = np.array(code, dtype=np.int64).reshape(-1)
     words.flags.writeable = False
     counts = (schedule.input_count, schedule.output_count, schedule.scratch_count)
+    moved = (sum(t.nbytes for t in transfers if not t.recv), window,
+             sum(f.nbytes for f in fetches))
     return Program(words, tuple(transfers), itemsize, counts, alias, partial, largest,
                    tuple(syncs), len(schedule.node), schedule.slot_count * itemsize,
-                   tuple(fetches), schedule.turns, tuple(calls))
+                   tuple(fetches), schedule.turns, tuple(calls), moved)
 
 
 def _in_place(call, rank, where) -> bool:

@@ -121,7 +121,9 @@ def _run(args) -> int:
     if MPI.COMM_WORLD.Get_rank() == 0:
         state = "stopped by SIGTERM at" if result.stopped else "finished"
         print(f"{state} step {result.step}: test accuracy {result.test_accuracy:.4f}, "
-              f"job wall {result.wall_s:.2f} s, rank 0 sent {result.bytes_sent} bytes"
+              f"job wall {result.wall_s:.2f} s, rank 0 moved {result.bytes_sent} bytes ("
+              + ", ".join(f"{path.replace('_', ' ')} {n}"
+                          for path, n in result.bytes_moved.items()) + ")"
               + (f", checkpoint {result.config.checkpoint}" if result.config.checkpoint else ""))
     return 0
 

@@ -5,7 +5,9 @@ has the exchange columns: ``updates`` (parameter updates applied in the row),
 ``samples`` (samples in those updates), ``staleness_mean`` and
 ``staleness_max`` (over those updates; 0 for bsp and backup), ``dropped``
 (gradients computed but not applied: backup's late ones, async's beyond
-``--steps``) and ``bytes_sent`` (by the logging rank, as its Wire counted them).
+``--steps``), ``bytes_sent`` (every byte the logging rank moved between ranks, as its
+Wire counted them) and that by path: ``bytes_messages``, ``bytes_window``,
+``bytes_single_copy``.
 """
 
 from __future__ import annotations
@@ -15,12 +17,16 @@ import json
 import math
 import os
 
-__all__ = ["COLUMNS", "write_metrics", "read_metrics", "plot_runs"]
+from ..transport import PATHS
 
+__all__ = ["BYTES", "COLUMNS", "write_metrics", "read_metrics", "plot_runs"]
+
+#: every byte moved between ranks, then by path (:data:`mlcomm.transport.PATHS`)
+BYTES = ("bytes_sent", *(f"bytes_{path}" for path in PATHS))
 COLUMNS = ("step", "wall_s", "loss", "test_accuracy", "samples_per_s", "compute_s",
-           "comm_s", "bytes_sent", "lr", "mode", "updates", "samples", "staleness_mean",
+           "comm_s", *BYTES, "lr", "mode", "updates", "samples", "staleness_mean",
            "staleness_max", "dropped")
-_INTEGERS = ("step", "bytes_sent", "updates", "samples", "staleness_max", "dropped")
+_INTEGERS = ("step", *BYTES, "updates", "samples", "staleness_max", "dropped")
 
 
 def write_metrics(path: str, rows: list[dict], meta: dict | None = None) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..algorithms import resolve
+from ..transport import PATHS
 from . import resume
 from .compress import get_compressor
 from .data import batch_indices, load, shard
@@ -85,7 +86,8 @@ class TrainResult:
     test_accuracy: float
     metrics: list = field(default_factory=list)   # the logging rank's rows, on every rank
     stopped: bool = False              # stopped early by SIGTERM (a checkpoint was written)
-    bytes_sent: int = 0                # by this rank, over the whole run
+    bytes_sent: int = 0                # moved between ranks by this rank, over the whole run
+    bytes_moved: dict = field(default_factory=dict)  # the same by path (mlcomm.transport.PATHS)
     wall_s: float = 0.0                # the job's: the longest of every rank's
     computed: int = 0                  # gradients this rank computed
     config: TrainConfig | None = None
@@ -387,7 +389,7 @@ def _train(cfg, comm):
                                  "samples_per_s": info.columns.get("samples", info.samples) / dt
                                  if dt > 0 else float("nan"),
                                  "compute_s": info.compute_s, "comm_s": info.comm_s,
-                                 "bytes_sent": sent, "lr": ctx.lr_at(done),
+                                 **sent, "lr": ctx.lr_at(done),
                                  "mode": _mode_label(cfg), **info.columns})
                     if bar is not None:
                         bar.update(min(cfg.steps, mode.progress(t)) - bar.n)
@@ -425,7 +427,8 @@ def _train(cfg, comm):
                                               "wall_s": wall, "start": start, **_totals(rows)})
     acc, rows = comm.bcast((acc, rows), root=mode.logger_rank)
     return TrainResult(params=ctx.params, step=step, test_accuracy=acc, metrics=rows,
-                       stopped=stopped, bytes_sent=ctx.wire.total, wall_s=wall,
+                       stopped=stopped, bytes_sent=ctx.wire.total,
+                       bytes_moved=dict(zip(PATHS, ctx.wire.totals().tolist())), wall_s=wall,
                        computed=computed, config=cfg)
 
 

@@ -1,13 +1,14 @@
-"""Counted sends: every message a gradient-exchange mode sends goes through a :class:`Wire`.
+"""Counted bytes: every byte a gradient-exchange mode moves between ranks goes through a
+:class:`Wire`.
 
-Collectives run on mlcomm's own algorithms, whose MPI transport counts each message's
-bytes where it is posted (:meth:`mlcomm.session.Session.bytes_sent`); the Wire takes the
-differences of that counter. The Wire's own collectives (the compressors' allgather, the
-broadcasts, the small loss and flag all-reduces) use message-passing algorithms, so that
-their bytes are always counted. Point-to-point messages are posted here and count the
-bytes of the buffer posted. Not counted: MPI's own algorithm (``--algorithm mpi``), whose
-messages mlcomm does not see, and what the node-window algorithms (``shared_memory``,
-``hierarchical``) copy through shared memory, which is no message.
+Collectives run on mlcomm's own algorithms, whose transports count the bytes each rank
+moves on each path (:meth:`mlcomm.session.Session.bytes_moved`): the messages it sends, what
+it reads from its node peers' window slots, and what it reads from or writes into their
+buffers by single copy. The Wire takes the differences of those counters. Its own
+collectives (the compressors' allgather, the broadcasts, the small loss and flag
+all-reduces) use message-passing algorithms. Point-to-point messages are posted here and
+count the bytes of the buffer posted. Not counted: the MPI library's own algorithm
+(``--algorithm mpi``), which moves bytes mlcomm does not see.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from mpi4py import MPI
 
 from ..api import IN_PLACE, allgather, allreduce, allreduce_init, bcast
 from ..session import get as session_of
+from ..transport import MESSAGES, PATHS
+from .metrics import BYTES
 
 __all__ = ["Wire", "ALGORITHM"]
 
@@ -30,10 +33,11 @@ def _typed(buf):
 
 
 class Wire:
-    """Sends this rank's messages on ``comm`` and counts the bytes it sends.
+    """Sends this rank's messages on ``comm`` and counts the bytes it moves between ranks.
 
-    ``total`` is every byte counted since :meth:`reset`; :meth:`take` returns those since
-    the last take.
+    :meth:`totals` are the bytes per path since :meth:`reset`, ``total`` their sum;
+    :meth:`take` returns those since the last take, as the metrics' columns
+    (:data:`mlcomm.trainer.metrics.BYTES`).
     """
 
     def __init__(self, comm):
@@ -44,24 +48,33 @@ class Wire:
         self.reset()
 
     def count(self, session) -> None:
-        """Count what mlcomm sends on another communicator's ``session`` too."""
+        """Count what mlcomm moves on another communicator's ``session`` too."""
         self.sessions.append(session)
         self.reset()
 
+    def _counted(self) -> np.ndarray:
+        return sum(s.moved for s in self.sessions).copy()
+
     def reset(self) -> None:
-        self._base = sum(s.bytes_sent() for s in self.sessions)
+        self._base = self._counted()
         self._p2p = 0
-        self._taken = 0
+        self._taken = np.zeros(len(PATHS), np.int64)
+
+    def totals(self) -> np.ndarray:
+        """Bytes moved since :meth:`reset`, per path of :data:`mlcomm.transport.PATHS`."""
+        moved = self._counted() - self._base
+        moved[MESSAGES] += self._p2p
+        return moved
 
     @property
     def total(self) -> int:
-        return self._p2p + sum(s.bytes_sent() for s in self.sessions) - self._base
+        return int(self.totals().sum())
 
-    def take(self) -> int:
-        """Return the bytes counted since the last call."""
-        total = self.total
-        n, self._taken = total - self._taken, total
-        return n
+    def take(self) -> dict:
+        """The bytes moved since the last call, by column: all of them, then per path."""
+        totals = self.totals()
+        moved, self._taken = totals - self._taken, totals
+        return dict(zip(BYTES, [int(moved.sum()), *moved.tolist()]))
 
     # point to point: the posted buffer, exactly
 
@@ -73,7 +86,7 @@ class Wire:
         self._p2p += buf.nbytes
         self.comm.Send(_typed(buf), dest, tag)
 
-    # collectives: mlcomm's, counted by its transport
+    # collectives: mlcomm's, counted by its transports
 
     def allreduce_init(self, buf: np.ndarray, algorithm: str | None = None, op="sum"):
         """A persistent in-place mlcomm reduction of ``buf`` with ``algorithm`` (default

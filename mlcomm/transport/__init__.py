@@ -14,16 +14,31 @@ The compiled loop makes the same two calls through C function addresses
 each taking ``(context, first, n)`` as 64-bit words), so a new transport plugs in without
 touching the loops or the algorithms. :mod:`mlcomm.transport.mpi` moves bytes with MPI
 persistent point-to-point requests.
+
+Each transport counts the bytes it moves between ranks into a session's int64 counters,
+one per path of :data:`PATHS`; a byte is counted once, by the rank that moves it:
+
+- ``messages``: the bytes of every message this rank sends (:mod:`~mlcomm.transport.mpi`);
+- ``window``: the bytes this rank reads from its node peers' window slots
+  (:mod:`~mlcomm.transport.shm`, counted at a run's first post);
+- ``single_copy``: the bytes this rank reads from or writes into its node peers' own
+  buffers (:mod:`~mlcomm.transport.peer`).
+
+The MPI library's own collectives (:mod:`~mlcomm.transport.native`) move bytes that the
+library decides and does not report; they are not counted.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 
-__all__ = ["Transport", "FAULT", "compile_calls"]
+__all__ = ["Transport", "FAULT", "compile_calls", "PATHS", "MESSAGES", "WINDOW", "SINGLE_COPY"]
 
 #: what ``test`` and ``start`` return when a transfer went wrong
 FAULT = -1
+#: the paths bytes move between ranks on, in the order of a session's counters
+PATHS = ("messages", "window", "single_copy")
+MESSAGES, WINDOW, SINGLE_COPY = range(3)
 
 
 @lru_cache(maxsize=None)

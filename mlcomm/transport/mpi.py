@@ -108,7 +108,8 @@ class PointToPoint(Transport):
 
     ``message(transfer)`` gives the buffer each request uses, as mpi4py takes it (an
     ``MPI.buffer`` over host memory, or a device array on a CUDA-aware MPI). Every byte
-    sent is added to ``sent[0]`` (an int64 array a session shares among its transports).
+    sent is added to ``sent[0]`` (a session's counters, :data:`mlcomm.transport.PATHS`,
+    whose first is ``messages``).
     """
 
     def __init__(self, comm, transfers, message, sent=None):

@@ -25,13 +25,14 @@ import numpy as np
 from numba import carray
 
 from ..cabi import call0, call6, i64_array_at, load_acquire
-from . import FAULT, Transport, compile_calls
+from . import FAULT, PATHS, SINGLE_COPY, Transport, compile_calls
 
 __all__ = ["probe", "PeerCopies"]
 
 _PR_SET_PTRACER, _PR_SET_PTRACER_ANY = 0x59616D61, ctypes.c_ulong(-1)
 _ERRNO_AT, _FAILED, _GOT, _ERRNO, _IOV = 0, 1, 2, 3, 4  # _IOV: two iovecs, four words
-_HEAD, _WORDS = _IOV + 4, 6  # per fetch: pid, address word, offset, local address, nbytes, function
+_MOVED = _IOV + 4  # the address of the single-copy bytes counter
+_HEAD, _WORDS = _MOVED + 1, 6  # per fetch: pid, address word, offset, local address, nbytes, function
 
 
 class _IoVec(ctypes.Structure):
@@ -106,6 +107,7 @@ def _define(compile):
     @compile
     def start(context, first, n):
         ctx = carray(i64_array_at(context), _HEAD + _WORDS * (first + n))
+        moved = carray(i64_array_at(ctx[_MOVED]), 1)
         iov = context + 8 * _IOV
         for i in range(first, first + n):
             f = _HEAD + _WORDS * i
@@ -116,6 +118,7 @@ def _define(compile):
                 ctx[_FAILED], ctx[_GOT] = i, got
                 ctx[_ERRNO] = load_acquire(call0(ctx[_ERRNO_AT])) & 0xFFFFFFFF
                 return -1
+            moved[0] += got
         return 0
 
     @compile
@@ -129,14 +132,17 @@ class PeerCopies(Transport):
     """The single-copy reads and writes of one program (:class:`mlcomm.program.Fetch`) on
     ``window``: each copies between a local peer's input or output, whose address the peer
     published, and ``addresses[fetch.buffer] + fetch.at``. ``ranks``: the node's ranks
-    (messages)."""
+    (messages). Every byte copied is added to ``moved[SINGLE_COPY]`` (a session's counters,
+    :data:`mlcomm.transport.PATHS`)."""
 
-    def __init__(self, window, fetches, addresses, ranks):
+    def __init__(self, window, fetches, addresses, ranks, moved=None):
         from ..cabi import libc_address
         from .shm import ADDRESSES
         self.fetches, self.ranks = tuple(fetches), tuple(ranks)
         ctx = np.zeros(_HEAD + _WORDS * max(len(self.fetches), 1), np.int64)
         ctx[_ERRNO_AT] = libc_address("__errno_location")
+        self.moved = np.zeros(len(PATHS), np.int64) if moved is None else moved
+        ctx[_MOVED] = self.moved[SINGLE_COPY:].__array_interface__["data"][0]
         calls = [libc_address(name) for name in _CALLS]
         for i, f in enumerate(self.fetches):
             ctx[_HEAD + _WORDS * i:_HEAD + _WORDS * (i + 1)] = (
@@ -155,6 +161,7 @@ class PeerCopies(Transport):
             except OSError as exc:
                 self._ctx[_FAILED], self._ctx[_GOT], self._ctx[_ERRNO] = i, -1, exc.errno or 0
                 return FAULT
+            self.moved[SINGLE_COPY] += f.nbytes
         return 0
 
     def test(self, first, n):

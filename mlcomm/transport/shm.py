@@ -29,7 +29,7 @@ from numba import carray
 
 from ..cabi import i64_array_at, load_acquire, store_release
 from ..schedule import TURN_BYTES
-from . import Transport, compile_calls
+from . import PATHS, WINDOW, Transport, compile_calls
 
 __all__ = ["NodeWindow", "NodeSync", "WindowError", "CONTROL_BYTES", "ADDRESSES"]
 
@@ -38,7 +38,10 @@ CONTROL_BYTES = 128
 #: where the input's and the output's addresses lie after the flag
 ADDRESSES = 64
 _BASE, _ME, _L, _IN, _OUT = 0, 1, 2, 3, 4
-_FLAGS = 6  # then L flag addresses, then two words per sync: peer, count (post: count)
+# the window bytes counter's address, the bytes a run reads from peers' slots, and the
+# index of the program's first post, which counts them
+_MOVED, _BYTES, _FIRST_POST = 5, 6, 7
+_FLAGS = 8  # then L flag addresses, then two words per sync: peer, count (post: count)
 
 
 class WindowError(RuntimeError):
@@ -58,6 +61,8 @@ class NodeWindow:
         area = -(-slot_bytes // CONTROL_BYTES) * CONTROL_BYTES  # the turn areas' alignment
         # room to align the flag and the slot, then the two turn areas
         size = 2 * CONTROL_BYTES + area + 2 * TURN_BYTES
+        #: the bytes of this rank's segment
+        self.nbytes = size
         win, error = None, None
         try:
             win = MPI.Win.Allocate_shared(size, 1, comm=node)
@@ -134,6 +139,9 @@ def _define(compile):
         store_release(mine + ADDRESSES + 8, ctx[_OUT])
         for i in range(first, first + n):
             store_release(mine, ctx[_BASE] + ctx[_FLAGS + ctx[_L] + 2 * i + 1])
+        if first <= ctx[_FIRST_POST] < first + n:
+            moved = carray(i64_array_at(ctx[_MOVED]), 1)
+            moved[0] += ctx[_BYTES]
         return 0
 
     @compile
@@ -157,15 +165,22 @@ class NodeSync(Transport):
     """The node synchronisations of one program on ``window`` (see the module docstring).
 
     ``local`` is this rank's index in the node, ``ranks`` the node's ranks in the
-    communicator (for stall reports).
+    communicator (for stall reports). The program's first post adds ``window_bytes`` (what
+    a run reads from its peers' slots) to ``moved[WINDOW]`` (a session's counters,
+    :data:`mlcomm.transport.PATHS`).
     """
 
-    def __init__(self, window: NodeWindow, syncs, local: int, ranks, addresses=(0, 0)):
+    def __init__(self, window: NodeWindow, syncs, local: int, ranks, addresses=(0, 0),
+                 moved=None, window_bytes=0):
         self.window, self.syncs, self.ranks = window, tuple(syncs), tuple(ranks)
         nlocal = len(window.flags)
         ctx = np.zeros(_FLAGS + nlocal + 2 * max(len(self.syncs), 1), np.int64)
         ctx[_ME], ctx[_L] = local, nlocal
         ctx[_IN], ctx[_OUT] = addresses
+        self.moved = np.zeros(len(PATHS), np.int64) if moved is None else moved
+        ctx[_MOVED] = self.moved[WINDOW:].__array_interface__["data"][0]
+        ctx[_BYTES] = window_bytes
+        ctx[_FIRST_POST] = next((i for i, s in enumerate(self.syncs) if s.post), -1)
         ctx[_FLAGS:_FLAGS + nlocal] = window.flags
         for i, s in enumerate(self.syncs):
             ctx[_FLAGS + nlocal + 2 * i:_FLAGS + nlocal + 2 * i + 2] = (s.peer, s.count)
@@ -180,6 +195,8 @@ class NodeSync(Transport):
         self._published[:] = self._ctx[_IN:_OUT + 1]
         for s in self.syncs[first:first + n]:  # aligned 8-byte stores; x86 keeps their order
             mine[0] = self._ctx[_BASE] + s.count
+        if first <= self._ctx[_FIRST_POST] < first + n:
+            self.moved[WINDOW] += self._ctx[_BYTES]
         return 0
 
     def test(self, first, n):
