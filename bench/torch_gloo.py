@@ -15,7 +15,8 @@ barrier, in a shuffled order), with one torch thread per rank:
 - a DDP training step of the trainer's CNN (``mlcomm train --framework torch --model cnn``:
   72 k float32 parameters in one bucket; zero_grad, forward, backward, SGD step on 32
   random 8x8 images per rank) with PyTorch's ``DistributedDataParallel``, configured as the
-  trainer configures it (``gradient_as_bucket_view=True, static_graph=True``).
+  trainer configures it (``gradient_as_bucket_view=True, static_graph=True``), and the same
+  step of the model alone, without DDP: the floor that no backend goes below.
 
 A time is the median over rounds, averaged over ranks. Rank 0 writes the record (``--output``,
 default ``bench/results/torch_backend_{BACKEND}_p{P}.json``) and prints it.
@@ -100,15 +101,21 @@ def measure(args) -> dict | None:
     x, y = torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
     loss_fn = torch.nn.CrossEntropyLoss()
 
-    def step():
-        opt.zero_grad(set_to_none=False)
-        loss_fn(ddp(x), y).backward()
-        opt.step()
-    for _ in range(3):  # DDP rebuilds its buckets after the first step
-        step()
-    calls["DDP step (CNN)"] = step
+    alone = TorchModel("cnn", 64, 10, dtype="float32", seed=0).module
+    alone_opt = torch.optim.SGD(alone.parameters(), lr=0.01, momentum=0.9)
+
+    def step(net, opt):
+        def run():
+            opt.zero_grad(set_to_none=False)
+            loss_fn(net(x), y).backward()
+            opt.step()
+        for _ in range(3):  # DDP rebuilds its buckets after the first step
+            run()
+        return run
+    calls["DDP step (CNN)"] = step(ddp, opt)
+    calls["step without DDP (CNN)"] = step(alone, alone_opt)  # the floor: no communication
     per_round = {name: _per_round(nbytes) for name, nbytes in tensors}
-    per_round["DDP step (CNN)"] = 10
+    per_round.update(dict.fromkeys(["DDP step (CNN)", "step without DDP (CNN)"], 10))
     medians = {}
     for group in sorted(set(per_round.values())):  # calls of one count per round together
         names = [n for n in calls if per_round[n] == group]

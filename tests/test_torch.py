@@ -117,7 +117,7 @@ def test_bench_scripts_run_both_backends_and_write_their_records(tmp_path):
     rec = json.loads(out.read_text())
     assert [r["name"] for r in rec["rows"]] == [
         "all_reduce float32 8", "all_reduce bfloat16 8", "all_reduce float32 64K",
-        "all_reduce bfloat16 64K", "DDP step (CNN)"], rec
+        "all_reduce bfloat16 64K", "DDP step (CNN)", "step without DDP (CNN)"], rec
     assert all(len(r["ratios"]) == 1 and r["ratio_median"] > 0 for r in rec["rows"])
     assert "mlcomm/gloo" in proc.stdout
     overlap = tmp_path / "overlap.json"
