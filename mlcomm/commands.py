@@ -279,7 +279,7 @@ def _info(args) -> int:
     from .kernels import backends
     from .libmpi import describe
     from .profile import load_profile
-    from .session import get as session_of
+    from .session import describe_held, get as session_of
     from .staging import chunk_bytes
     session = session_of(MPI.COMM_WORLD)  # collective: the node layout is agreed
     if MPI.COMM_WORLD.Get_rank():
@@ -295,6 +295,7 @@ def _info(args) -> int:
     print(f"nodes       {len(session.nodes)} of {'/'.join(map(str, sizes))} ranks "
           f"(MLCOMM_RANKS_PER_NODE), window {session.slot_bytes} bytes per rank "
           f"(MLCOMM_SHM_BYTES)")
+    print(f"cache       {describe_held()}")
     print(f"CUDA-aware  {cuda_aware_decision()}")
     print(f"staging     {chunk_bytes()}-byte chunks when not CUDA-aware "
           f"(MLCOMM_STAGING_CHUNK_BYTES)")

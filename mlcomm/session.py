@@ -10,7 +10,10 @@ exit. It holds:
 - ``auto``'s choices, agreed across the ranks;
 - bindings (:mod:`mlcomm.binding`) by plan and buffer pair, bounded in bytes with every
   other session's by ``MLCOMM_CACHE_BYTES`` (default 256 MiB), least recently used first
-  out; the host bindings of one plan share one scratch buffer;
+  out, counting their scratch and device vectors, :data:`BINDING_BYTES` each for their own
+  objects, and the node windows (:func:`held`); the host bindings of one plan share one
+  scratch buffer; an evicted binding's repeat slots go with it, and a binding too large
+  for the bound alone is not kept;
 - repeat slots: calls seen before, so that a repeat skips checks and planning;
 - persistent handles, whose bindings are their own;
 - the progress thread that runs non-blocking calls (:mod:`mlcomm.progress`), started on
@@ -42,7 +45,8 @@ from .transport import MESSAGES, PATHS
 from .watch import Watch, free_world, world_roll
 
 __all__ = ["Session", "get", "Slot", "MISS", "bound_call", "SLOTS", "slot_key", "remembers",
-           "CACHE_BYTES", "cache_bytes", "cached_bytes"]
+           "CACHE_BYTES", "BINDING_BYTES", "cache_bytes", "cached_bytes", "held",
+           "describe_held"]
 
 log = logging.getLogger("mlcomm")
 
@@ -53,7 +57,7 @@ _SLOTS_PER_PROCESS = 64
 
 
 def cache_bytes() -> int:
-    """The bound on the scratch that bindings keep: ``MLCOMM_CACHE_BYTES`` or 256 MiB."""
+    """The bound on what the binding cache holds: ``MLCOMM_CACHE_BYTES`` or 256 MiB."""
     raw = os.environ.get("MLCOMM_CACHE_BYTES", "").strip()
     if not raw:
         return CACHE_BYTES
@@ -65,45 +69,87 @@ def cache_bytes() -> int:
 
 # --- the process-wide binding cache ------------------------------------------------------------
 
+#: what a cached binding counts for its own objects beside its scratch: its MPI requests,
+#: transports' contexts, frames and Python objects (5 to 12 KiB measured, P = 4)
+BINDING_BYTES = 16 << 10
+
+
 class _Entry:
     __slots__ = ("binding", "session", "scratch_key")
 
 
 _CACHE: "OrderedDict[tuple, _Entry]" = OrderedDict()
-#: (session id, plan key) -> [bytes held, cached bindings sharing them]: a plan's host
-#: bindings share one scratch; a device binding's own scratch and the device vectors it
-#: keeps alive are under its cache key
+#: (session id, plan key) -> [scratch bytes, device vector bytes, cached bindings sharing
+#: them]: a plan's host bindings share one scratch; a device binding's own scratch and the
+#: device vectors it keeps alive are under its cache key
 _SCRATCH: dict = {}
-_bytes = 0
+_bytes = 0  # the scratch and device vectors of every _SCRATCH entry
+
+
+def _windows() -> int:
+    """Bytes of the node windows of every live session (this rank's segment of each)."""
+    return sum(s._window.nbytes for s in list(_ALL) if s._window is not None and not s.freed)
 
 
 def cached_bytes() -> int:
-    """Scratch bytes the cached bindings hold now, over every session."""
-    return _bytes
+    """Bytes the binding cache holds now, over every session: the cached bindings' scratch
+    and device vectors, :data:`BINDING_BYTES` for each binding, and the node windows."""
+    return _bytes + BINDING_BYTES * len(_CACHE) + _windows()
+
+
+def held() -> dict:
+    """What the binding cache holds now, in bytes (``total`` is :func:`cached_bytes`, which
+    ``bound`` bounds), with the count of ``bindings``."""
+    vectors = sum(shared[1] for shared in _SCRATCH.values())
+    parts = {"scratch": _bytes - vectors, "device vectors": vectors,
+             "bindings' own": BINDING_BYTES * len(_CACHE), "windows": _windows()}
+    return {"bound": cache_bytes(), "total": sum(parts.values()), "bindings": len(_CACHE),
+            **parts}
+
+
+def describe_held() -> str:
+    """One line: the bound and what the binding cache holds now (``mlcomm info``)."""
+    h = held()
+    own = h["bindings' own"]
+    return (f"{h['bound']} bytes bound (MLCOMM_CACHE_BYTES); holds {h['total']}: "
+            f"{h['bindings']} bindings (scratch {h['scratch']}, device vectors "
+            f"{h['device vectors']}, their own {own}), node windows {h['windows']}")
 
 
 def _drop(key) -> None:
-    """Free the cached binding under ``key`` (and its scratch if no other binding uses it)."""
+    """Free the cached binding under ``key`` (and its scratch if no other binding uses it),
+    and forget the repeat slots that run it, so that nothing keeps its memory alive."""
     global _bytes
     entry = _CACHE.pop(key, None)
     if entry is None:
         return
-    entry.binding.free()
+    binding, session = entry.binding, entry.session
+    binding.free()
+    for slot_key_ in [k for k in session.slots if getattr(SLOTS.get(k), "binding", None)
+                      is binding]:
+        del SLOTS[slot_key_]
+        session.slots.discard(slot_key_)
     shared = _SCRATCH[entry.scratch_key]
-    shared[1] -= 1
-    if shared[1] == 0:
+    shared[2] -= 1
+    if shared[2] == 0:
         del _SCRATCH[entry.scratch_key]
-        _bytes -= shared[0]
+        _bytes -= shared[0] + shared[1]
 
 
 def _evict_to(limit: int, keep) -> None:
-    """Drop least recently used bindings until the scratch fits ``limit``; never ``keep``
+    """Drop least recently used bindings until the cache fits ``limit``; never ``keep``
     nor a binding that a started non-blocking call is about to run."""
     for key in list(_CACHE):
-        if _bytes <= limit:
+        if cached_bytes() <= limit:
             return
         if key != keep and not _CACHE[key].binding.busy:
             _drop(key)
+
+
+def _free_transports(transports) -> None:
+    """Free an uncached binding's transports (once nothing runs it any more)."""
+    for transport in transports:
+        transport.free()
 
 
 # --- repeat slots ------------------------------------------------------------------------------
@@ -282,7 +328,8 @@ class Session:
     # bindings
     def bind(self, plan, inp, out):
         """``plan`` bound to ``inp``/``out``: the cached binding, or a new one sharing its
-        plan's scratch with the plan's other host bindings."""
+        plan's scratch with the plan's other host bindings. A new binding that does not fit
+        the bound alone is not cached: it is freed once the call is done with it."""
         global _bytes
         key = (id(self), plan.key, buffer_key(inp, out))
         entry = _CACHE.get(key)
@@ -295,18 +342,22 @@ class Session:
         scratch = None if shared is None else self._scratch[plan.key]
         binding = Binding(self.comm, plan, inp, out, self.settings, scratch, self.moved,
                           self.window() if plan.program.node_size else None)
+        vectors = inp.nbytes + out.nbytes if device else 0
+        bound = cache_bytes()
+        if shared is None and binding.nbytes + vectors + BINDING_BYTES + _windows() > bound:
+            weakref.finalize(binding, _free_transports, binding.transports)
+            return binding
         if shared is None:
-            held = binding.nbytes + (inp.nbytes + out.nbytes if device else 0)
-            _SCRATCH[scratch_key] = [held, 1]
-            _bytes += held
+            _SCRATCH[scratch_key] = [binding.nbytes, vectors, 1]
+            _bytes += binding.nbytes + vectors
             if not device:
                 self._scratch[plan.key] = binding.scratch
         else:
-            shared[1] += 1
+            shared[2] += 1
         entry = _Entry()
         entry.binding, entry.session, entry.scratch_key = binding, self, scratch_key
         _CACHE[key] = entry
-        _evict_to(cache_bytes(), key)
+        _evict_to(bound, key)
         return binding
 
     def own_binding(self, plan, inp, out):
@@ -375,6 +426,9 @@ class Session:
 
     # repeat slots
     def remember(self, key, slot):
+        binding = slot.binding
+        if binding is not None and (id(self), binding.plan.key, binding.key) not in _CACHE:
+            return  # an uncached binding (too large for the bound) is freed after its call
         old = SLOTS.pop(key, None)
         if old is not None:
             old.session.slots.discard(key)
@@ -418,14 +472,13 @@ def _duplicate(comm, what):
     duplicate where every rank has imported mlcomm)."""
     plain = MPI.Intracomm(comm)
     rank = plain.Get_rank()
-    roll, ranks = world_roll(plain)
     made = []
 
     def start():
         dup, request = plain.Idup()
         made.append(dup)
         return request
-    Watch(settings_from_env(rank, True), rank, roll, ranks).wait(
+    Watch(settings_from_env(rank, True), rank, lambda: world_roll(plain)).wait(
         start, f"{what}, the first call on this communicator (mlcomm's set-up)")
     return made[0]
 
