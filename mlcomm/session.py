@@ -2,7 +2,7 @@
 
 A :class:`Session` is created (collectively) the first time mlcomm is used on a
 communicator and is freed when that communicator is (an attribute delete callback), or at
-exit. It holds:
+the end of the job (:func:`_free_all`). It holds:
 
 - the private duplicate mlcomm talks on, so its messages never meet the caller's;
 - the algorithm ``MLCOMM_ALGORITHM`` names, read once and agreed across the ranks;
@@ -23,13 +23,30 @@ Nothing here keeps a caller's host array alive: bindings hold addresses and slot
 weak references. (NumPy refuses ``ndarray.resize`` on an array that is weakly referenced;
 ``np.resize`` gives a new array.) A device binding on a CUDA-aware MPI keeps its device
 vectors, whose bytes count towards the bound.
+
+The end of the job, on each rank, comes before ``MPI_Finalize``: at exit, or first thing in
+an ``MPI_Finalize`` the script calls (a delete callback on ``MPI_COMM_SELF``). On each
+communicator with a session, oldest first, the rank waits for the calls it started and
+frees its bindings, then waits for every rank of the communicator to end too (a watched
+barrier: a rank that does not come is named after ``MLCOMM_STALL_SECONDS``). A rank can
+never end while another waits for it in silence:
+
+- a message from a peer on mlcomm's duplicate, arriving while this rank waits at its end,
+  belongs to a collective the peer started and this rank never called: the job ends at
+  once, naming both;
+- a script that ended with an unhandled exception ends the job unless every rank of the
+  communicator has ended within :data:`FAILED_GRACE` seconds (the others may wait for it
+  in a collective; where they all failed alike, each one's traceback is printed first).
 """
 
 from __future__ import annotations
 
 import atexit
+import itertools
 import logging
 import os
+import sys
+import time
 import weakref
 from collections import OrderedDict
 
@@ -41,6 +58,7 @@ from .algorithms import resolve
 from .binding import Binding, buffer_key, settings_from_env
 from .plan import make_plan, plan_key
 from .progress import Progress
+from .transport.mpi import abort_job
 from .transport import MESSAGES, PATHS
 from .watch import Watch, free_world, world_roll
 
@@ -439,9 +457,13 @@ class Session:
         self.slots.add(key)
 
     def free_bindings(self):
-        """Free every binding and handle of this session (before MPI finalizes)."""
+        """Free every binding and handle of this session (before MPI finalizes), once the
+        started calls are complete; report those that failed and were never waited for."""
         if self.progress is not None:
             self.progress.stop()
+            for error in self.progress.unwaited():
+                print(f"mlcomm: rank {self.rank}: a started call failed and was never waited "
+                      f"for: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
             self.progress = None
         for key in [k for k, e in _CACHE.items() if e.session is self]:
             _drop(key)
@@ -541,6 +563,9 @@ def _delete(comm, keyval, session):
 
 _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete)
 _ALL: "weakref.WeakSet[Session]" = weakref.WeakSet()
+#: numbers sessions in the order this rank creates them (every rank of a communicator
+#: creates its session in the same order relative to the others' it shares)
+_CREATED = itertools.count()
 
 
 def get(comm, what="mlcomm") -> Session:
@@ -550,13 +575,75 @@ def get(comm, what="mlcomm") -> Session:
     if session is None:
         session = Session(comm, what)
         comm.Set_attr(_KEYVAL, session)
+        session.created = next(_CREATED)
         _ALL.add(session)
     return session
 
 
+#: seconds a rank whose script ended with an unhandled exception waits for the other ranks
+#: to end before it ends the job (see the module docstring)
+FAILED_GRACE = 2.0
+_ended = False
+
+
 @atexit.register
 def _free_all():
-    if MPI.Is_initialized() and not MPI.Is_finalized():
-        for session in list(_ALL):
-            session.free_bindings()
-        free_world()
+    """The end of the job on this rank (see the module docstring); once, before
+    MPI_Finalize."""
+    global _ended
+    if _ended or not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+    _ended = True
+    failed, since = _unhandled(), time.monotonic()
+    for session in sorted(_ALL, key=lambda s: s.created):
+        if not session.freed:
+            _end(session, failed, since)
+    free_world()
+
+
+def _unhandled():
+    """The exception that ended the script, if an unhandled one did (None in an
+    interactive session, where the last error need not have ended it)."""
+    if hasattr(sys, "ps1") or sys.flags.interactive:
+        return None
+    return getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+
+
+def _end(session, failed, since):
+    """This rank's end on ``session``'s communicator: its started calls complete, its
+    bindings freed, then a watched barrier with every rank's end (see the module
+    docstring)."""
+    me = f"mlcomm: rank {session.rank}"
+
+    def failed_long_enough():
+        if failed is not None and time.monotonic() - since > FAILED_GRACE:
+            abort_job(f"{me} ended with an unhandled exception ({type(failed).__name__}: "
+                      f"{failed}) and the other ranks of its communicator have not all "
+                      f"ended {FAILED_GRACE:g} s later: ending the job, as they may wait "
+                      f"for it")
+
+    if failed is not None and session.progress is not None:
+        while not session.progress.drain(0.05):
+            failed_long_enough()
+    session.free_bindings()
+    if session.size == 1:
+        return
+    status = MPI.Status()
+
+    def check():
+        if session.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+            peer = status.Get_source()
+            abort_job(f"{me} has ended its script, but rank {peer} waits for it in a "
+                      f"collective of mlcomm's on this communicator that rank {session.rank} "
+                      f"never called (rank {peer}'s message of {status.Get_count(MPI.BYTE)} "
+                      f"bytes is unreceived): ending the job. Every rank must make the same "
+                      f"collective calls on a communicator, in the same order")
+        failed_long_enough()
+
+    session.watch.wait(session.comm.Ibarrier, "the end of the job (this rank's script has "
+                       "ended; every rank of the communicator meets here before "
+                       "MPI_Finalize)", check=check)
+
+
+if MPI.Is_initialized() and not MPI.Is_finalized():  # an MPI_Finalize the script calls
+    MPI.COMM_SELF.Set_attr(MPI.Comm.Create_keyval(delete_fn=lambda *_: _free_all()), True)

@@ -9,12 +9,16 @@ longer than ``MLCOMM_STALL_SECONDS`` once, with the ranks that have not arrived,
 job under ``MLCOMM_STALL_ABORT=1``.
 
 A collective request does not say who is missing, so a watched wait takes a roll call:
-every rank sends its leader (the communicator's rank 0) a synchronous message with the
-wait's mark before it starts the collective, and the leader receives one from each. When a
-wait outlasts the limit, the leader names the ranks it has not heard from (and any that
-sent another mark: they are in another of mlcomm's waits); a rank whose message the
-leader has not taken names the leader. The roll call travels on a communicator of
-mlcomm's own, with a tag of its own, so it never meets a caller's messages or a program's.
+every rank that can sends its leader (the communicator's rank 0) a small message with the
+wait's mark before it starts the collective, and the leader posts a receive from each. When
+a wait outlasts the limit, the leader names the ranks it has not heard from; the others
+say that the leader names them. A rank that cannot take part yet (a set-up's roll call
+travels on the world's duplicate, which a rank can use once every rank has made progress
+on it) joins when it can. The roll call never holds a wait up: when the collective
+completes, the leader cancels what it did not receive, and a message it takes with another
+wait's mark (one that came after its wait had ended) is dropped. The roll call travels on a
+communicator of mlcomm's own, with a tag of its own, so it never meets a caller's messages
+or a program's.
 """
 
 from __future__ import annotations
@@ -93,49 +97,85 @@ def free_world():
     _WORLD.free()
 
 
+class _Roll:
+    """One rank's part of a roll call on ``comm`` among ``ranks`` (this rank ``rank`` in
+    them) for a wait marked ``tag``: the leader's receives, or a member's send."""
+
+    def __init__(self, comm, ranks, rank, tag):
+        self.comm, self.ranks, self.rank, self.tag = comm, ranks, rank, tag
+        if rank == 0:
+            self.marks = np.full(len(ranks) - 1, -1, np.int64)
+            self.here = [False] * (len(ranks) - 1)
+            self.requests = [self._receive(i) for i in range(len(ranks) - 1)]
+        else:  # eager: 8 bytes complete without waiting for the leader
+            self.marks = np.array([tag], np.int64)
+            self.requests = [comm.Isend([self.marks, MPI.INT64_T], ranks[0], ROLL_TAG)]
+
+    def _receive(self, i):
+        return self.comm.Irecv([self.marks[i:i + 1], MPI.INT64_T], self.ranks[i + 1], ROLL_TAG)
+
+    def absent(self) -> list:
+        """The leader's view: the ranks (positions in ``ranks``) not heard from."""
+        for i, request in enumerate(self.requests):
+            while not self.here[i] and request.Test():
+                if self.marks[i] == self.tag:
+                    self.here[i] = True
+                else:  # another wait's message, sent after that wait ended here: drop it
+                    request = self.requests[i] = self._receive(i)
+        return [i + 1 for i, here in enumerate(self.here) if not here]
+
+    def end(self):
+        """The collective is complete: cancel the receives still open; a send completes."""
+        for request in self.requests:
+            if request != MPI.REQUEST_NULL and not request.Test():
+                if self.rank == 0:
+                    request.Cancel()
+                request.Wait()
+
+
 class Watch:
     """Watched waits on one communicator (see the module docstring).
 
     ``roll`` is the communicator the roll calls travel on and ``ranks`` the communicator's
-    ranks in it (None: no roll call; a stall is then reported without names). ``rank`` is
-    this rank in the communicator; ``names`` what a report calls each of its ranks (the
-    session's ranks of a node's communicator), by default their ranks in it."""
+    ranks in it, or a call that returns ``(roll, ranks)`` once they can be used and
+    ``(None, None)`` until then; None: no roll call (a stall is reported without names).
+    ``rank`` is this rank in the communicator; ``names`` what a report calls each of its
+    ranks (the session's ranks of a node's communicator), by default their ranks in it."""
 
     def __init__(self, settings: Settings, rank: int, roll=None, ranks=None, names=None):
         self.settings, self.rank = settings, rank
-        self.roll, self.ranks = roll, ranks
+        self._where = roll if callable(roll) else (lambda: (roll, ranks))
         self.names = names
 
-    def wait(self, start, what: str, roll: bool = True):
+    def wait(self, start, what: str, roll: bool = True, check=None):
         """Run the non-blocking collective ``start()`` returns (a request, or a list of
         them) and wait for it; ``what`` names the call in a stall report. ``roll=False``
-        takes no roll call (every rank is known to be here: a stall names no one)."""
-        roll = self._roll_call(mark(what)) if roll and self._rolls() else None
+        takes no roll call (every rank is known to be here: a stall names no one).
+        ``check()``, if given, is called whenever the wait yields the CPU (it may end the
+        job)."""
+        join = (lambda: self._join(mark(what))) if roll and self.settings.stall_seconds > 0 \
+            else (lambda: None)
+        calls = [join()]  # this rank's part of the roll call, once it has one
         requests = start()
         requests = list(requests) if isinstance(requests, (list, tuple)) else [requests]
-        self._poll(requests, roll, what)
-        if roll is not None:
-            self._poll(roll[0], roll, what)  # every rank has arrived: done at once
+        try:
+            self._poll(requests, calls, join, what, check)
+        finally:
+            if calls[0] is not None:
+                calls[0].end()
 
     def barrier(self, comm, what: str, roll: bool = True):
         """Wait until every rank of ``comm`` (this watch's communicator) is here."""
         self.wait(comm.Ibarrier, what, roll)
 
-    def _rolls(self) -> bool:
-        return self.roll is not None and self.settings.stall_seconds > 0 and len(self.ranks) > 1
+    def _join(self, tag):
+        """This rank's part of the roll call, or None where it cannot take one (yet)."""
+        comm, ranks = self._where()
+        if comm is None or len(ranks) < 2:
+            return None
+        return _Roll(comm, ranks, self.rank, tag)
 
-    def _roll_call(self, tag_mark):
-        """Start this rank's part of a roll call: ``(requests, marks)``."""
-        if self.rank == 0:
-            marks = np.full(len(self.ranks) - 1, -1, np.int64)
-            requests = [self.roll.Irecv([marks[i - 1:i], MPI.INT64_T], self.ranks[i], ROLL_TAG)
-                        for i in range(1, len(self.ranks))]
-        else:
-            marks = np.array([tag_mark], np.int64)
-            requests = [self.roll.Issend([marks, MPI.INT64_T], self.ranks[0], ROLL_TAG)]
-        return requests, marks, tag_mark
-
-    def _poll(self, requests, roll, what):
+    def _poll(self, requests, calls, join, what, check=None):
         settings = self.settings
         polls, spins, since, reported = settings.yield_mask + 1, 0, time.monotonic(), False
         limit = settings.stall_seconds
@@ -143,32 +183,29 @@ class Watch:
             spins += 1
             if spins % polls == 0 or spins > 64:
                 os.sched_yield()
+                if calls[0] is None:
+                    calls[0] = join()
+                if check is not None:
+                    check()
                 if not reported and limit and time.monotonic() - since > limit:
-                    reported = self._stalled(roll, what)
+                    reported = self._stalled(calls[0], what)
 
-    def _stalled(self, roll, what) -> bool:
-        """Report the stall (end the job under MLCOMM_STALL_ABORT=1); True once reported.
-        A rank whose leader is here leaves the report to the leader, who knows who is
-        missing."""
+    def _stalled(self, call, what) -> bool:
+        """Report the stall once (and end the job under MLCOMM_STALL_ABORT=1): the leader
+        names the ranks it has not heard from; another rank leaves that to the leader, and
+        ends the job itself only at twice the limit (when the leader is the one missing)."""
         seconds = self.settings.stall_seconds
         head = f"mlcomm: rank {self.settings.rank} has waited {seconds:g} s in {what}"
-        if roll is None:
+        name = (lambda i: i) if self.names is None else self.names.__getitem__
+        if call is None:
             message = f"{head} for the other ranks (which, mlcomm cannot tell here)"
         elif self.rank == 0:
-            requests, marks, tag_mark = roll
-            done = [r == MPI.REQUEST_NULL or r.Test() for r in requests]
-            absent = [i + 1 for i, ok in enumerate(done) if not ok]
-            elsewhere = [i + 1 for i, ok in enumerate(done) if ok and marks[i] != tag_mark]
-            name = (lambda i: i) if self.names is None else self.names.__getitem__
-            message = f"{head} for ranks {[name(i) for i in absent]}"
-            if elsewhere:
-                message += (f"; ranks {[name(i) for i in elsewhere]} are in another of "
-                            f"mlcomm's calls")
-        elif not roll[0][0].Test():
-            message = f"{head} for rank {0 if self.names is None else self.names[0]}"
+            message = f"{head} for ranks {[name(i) for i in call.absent()]}"
         else:
-            return True  # the leader is here and reports
+            message = f"{head}; rank {name(0)} names the ranks missing, unless it is one"
         if self.settings.stall_abort:
+            if call is not None and self.rank != 0:
+                time.sleep(seconds)  # the leader, if here, reports the names first
             abort_job(message + " (MLCOMM_STALL_ABORT=1: ending the job)")
         print(message + "; it goes on waiting (MLCOMM_STALL_SECONDS sets the limit, "
               "MLCOMM_STALL_ABORT=1 ends the job instead)", file=sys.stderr, flush=True)
