@@ -40,7 +40,7 @@ import numpy as np
 from .schedule import (INPUT as _IN, OUTPUT as _OUT, SCRATCH as _SCR, Await, Collective, Copy,
                        Post, Recv, Reduce, Schedule, Send, peer_of, slot_owner)
 
-__all__ = ["WIDTH", "START", "WAIT", "COPY", "REDUCE", "REDUCE2", "REDUCE3",
+__all__ = ["WIDTH", "START", "WAIT", "COPY", "REDUCE", "REDUCE2", "REDUCE3", "MAX_BYTES",
            "INPUT", "OUTPUT", "SCRATCH", "SLOTS", "BUFFER_IDS", "MPI_P2P", "NODE", "PEER",
            "NATIVE", "IN_PLACE", "Transfer", "Sync", "Fetch", "Call", "Program", "lower"]
 
@@ -55,6 +55,12 @@ BUFFER_IDS = {_IN: INPUT, _OUT: OUTPUT, _SCR: SCRATCH}
 MPI_P2P, NODE, PEER, NATIVE = 0, 1, 2, 3
 #: a :class:`Call`'s send buffer when it is in place
 IN_PLACE = -1
+#: the most bytes one transfer, single copy or call of the library's allreduce, reduce or
+#: bcast moves: a larger one is lowered as several, in order (MPI's counts and
+#: ``MPI_Get_count``'s are C ints; Linux copies at most 2 GiB - 4 KiB between processes at once)
+MAX_BYTES = 1 << 30
+#: the library's allgather and reduce-scatter cannot be split so: their count per rank is a C int
+_MPI_MAX_COUNT = (1 << 31) - 1
 _SPACE = 1 << 50  # bytes between buffers that do not share memory, in the overlap analysis
 
 
@@ -175,7 +181,7 @@ def lower(schedule: Schedule, itemsize: int, alias: int | None = None) -> Progra
 
     same = lambda r1, r2: where(r1) == where(r2)
     ref = lambda r: (buffer_id(r.buffer), r.offset * itemsize)
-    transfers, syncs, fetches, calls, ranges = [], [], [], [], []
+    transfers, syncs, fetches, calls, ranges, starts = [], [], [], [], [], []
     for step in schedule.steps:
         messages = [t for t in step.transfers if isinstance(t, Recv)] + \
                    [t for t in step.transfers if isinstance(t, Send)]
@@ -183,24 +189,33 @@ def lower(schedule: Schedule, itemsize: int, alias: int | None = None) -> Progra
                  if isinstance(t, Post)]
         waits = [Sync(False, node[t.peer], t.count) for t in step.transfers
                  if isinstance(t, Await)]
-        natives = [Call(t.kind, IN_PLACE if _in_place(t, schedule.rank, where)
-                        else buffer_id(t.send.buffer), t.send.offset * itemsize,
-                        buffer_id(t.recv.buffer), t.recv.offset * itemsize, t.count, t.root,
-                        t.blocking)
-                   for t in step.transfers if isinstance(t, Collective)]
+        natives = [piece for t in step.transfers if isinstance(t, Collective)
+                   for piece in _call_pieces(Call(
+                       t.kind, IN_PLACE if _in_place(t, schedule.rank, where)
+                       else buffer_id(t.send.buffer), t.send.offset * itemsize,
+                       buffer_id(t.recv.buffer), t.recv.offset * itemsize, t.count, t.root,
+                       t.blocking), itemsize)]
+        pieces = [_pieces(Transfer(isinstance(t, Recv), t.peer, buffer_id(t.region.buffer),
+                                   t.region.offset * itemsize, t.region.count * itemsize),
+                          "nbytes", ("offset",)) for t in messages]
+        # the first piece of every message, then the second ...: one START each, so that
+        # the pieces of a message are posted in order (MPI_Startall may post its requests
+        # in any order)
+        depth = max(map(len, pieces), default=0)
+        messages = [p[j] for j in range(depth) for p in pieces if j < len(p)]
+        counts = [sum(j < len(p) for p in pieces) for j in range(depth)]
+        starts.append([(len(transfers) + sum(counts[:j]), counts[j]) for j in range(depth)])
         ranges.append(((len(transfers), len(messages)), (len(syncs), len(posts)),
                        (len(syncs) + len(posts), len(waits)), (len(calls), len(natives))))
         calls += natives
-        transfers += [Transfer(isinstance(t, Recv), t.peer, buffer_id(t.region.buffer),
-                               t.region.offset * itemsize, t.region.count * itemsize)
-                      for t in messages]
+        transfers += messages
         syncs += posts + waits
     early = _early_starts(schedule, where)
     code, partial, largest, window = [], False, 0, 0
     for k, step in enumerate(schedule.steps):
         (first, n), posted, awaited, native = ranges[k]
         if n and not early[k]:
-            code.append((START, MPI_P2P, first, n, 0, 0, 0, 0))
+            code += [(START, MPI_P2P, *group, 0, 0, 0, 0) for group in starts[k]]
         if posted[1]:
             code.append((START, NODE, *posted, 0, 0, 0, 0))
         if n:
@@ -211,7 +226,7 @@ def lower(schedule: Schedule, itemsize: int, alias: int | None = None) -> Progra
             code.append((START, NATIVE, *native, 0, 0, 0, 0))
             code.append((WAIT, NATIVE, *native, 0, 0, 0, 0))
         if k + 1 < len(ranges) and early[k + 1]:
-            code.append((START, MPI_P2P, *ranges[k + 1][0], 0, 0, 0, 0))
+            code += [(START, MPI_P2P, *group, 0, 0, 0, 0) for group in starts[k + 1]]
         reads = []  # this step's fetches not yet started
 
         def start_reads():
@@ -231,11 +246,13 @@ def lower(schedule: Schedule, itemsize: int, alias: int | None = None) -> Progra
                     raise ValueError(f"{op}: only a copy may read or write another rank's "
                                      f"buffer, from or to one of this rank's own")
                 if found is not None:
-                    reads.append(Fetch(node[found[0]], BUFFER_IDS[found[1]],
-                                       op.src.offset * itemsize, *ref(d), nbytes))
+                    reads += _pieces(Fetch(node[found[0]], BUFFER_IDS[found[1]],
+                                           op.src.offset * itemsize, *ref(d), nbytes),
+                                     "nbytes", ("offset", "at"))
                 else:
-                    reads.append(Fetch(node[target[0]], BUFFER_IDS[target[1]],
-                                       d.offset * itemsize, *ref(op.src), nbytes, True))
+                    reads += _pieces(Fetch(node[target[0]], BUFFER_IDS[target[1]],
+                                           d.offset * itemsize, *ref(op.src), nbytes, True),
+                                     "nbytes", ("offset", "at"))
                 continue
             start_reads()
             if isinstance(op, Copy):
@@ -265,6 +282,34 @@ def lower(schedule: Schedule, itemsize: int, alias: int | None = None) -> Progra
     return Program(words, tuple(transfers), itemsize, counts, alias, partial, largest,
                    tuple(syncs), len(schedule.node), schedule.slot_count * itemsize,
                    tuple(fetches), schedule.turns, tuple(calls), moved)
+
+
+def _pieces(item, size, offsets, unit=1) -> list:
+    """``item`` (a :class:`Transfer`, :class:`Fetch` or :class:`Call`) as pieces of at most
+    :data:`MAX_BYTES` bytes, in order: its field ``size`` (in units of ``unit`` bytes) split,
+    its byte fields ``offsets`` advanced. A piece of each rank's transfer meets the peer's
+    same piece: both sides split one region of the schedule alike."""
+    whole, most = getattr(item, size), max(MAX_BYTES // unit, 1)
+    if whole <= most:
+        return [item]
+    return [item._replace(**{size: min(most, whole - k)},
+                          **{f: getattr(item, f) + k * unit for f in offsets})
+            for k in range(0, whole, most)]
+
+
+def _call_pieces(call, itemsize) -> list:
+    """A :class:`Call` as pieces (:func:`_pieces`): an allreduce, reduce or bcast works
+    element by element; an allgather or reduce-scatter cannot be split so, and a count per
+    rank past a C int is an error."""
+    if call.kind in ("allreduce", "reduce", "bcast"):
+        return _pieces(call, "count", ("send_at", "recv_at"), itemsize)
+    if call.count > _MPI_MAX_COUNT:
+        raise ValueError(f"algorithm='mpi': the MPI library's {call.kind} takes at most "
+                         f"{_MPI_MAX_COUNT} elements per rank (a C int), and this call has "
+                         f"{call.count}; use one of mlcomm's algorithms (e.g. "
+                         f"algorithm='ring'), which move it in pieces of at most "
+                         f"{MAX_BYTES} bytes")
+    return [call]
 
 
 def _in_place(call, rank, where) -> bool:

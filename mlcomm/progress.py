@@ -7,9 +7,12 @@ started, each in the compiled loop without the GIL, so the caller's own Python a
 goes on meanwhile; requests complete in that order. A blocking call on the same
 communicator first waits for the started ones (their messages must not meet its own).
 
-The thread is started on first use and stopped with the session. mpi4py initialises MPI
-with ``MPI_THREAD_MULTIPLE`` by default, which this needs: the caller's thread may plan
-(and agree on ``auto``'s choice) while the progress thread moves messages.
+The thread is started on first use and stopped with the session, after the started calls
+are complete: at the end of the script (:func:`mlcomm.session.end_of_job`) or when the
+communicator is freed. A call that failed and was never waited for is reported then
+(:meth:`Progress.unwaited`), never dropped in silence. mpi4py initialises MPI with
+``MPI_THREAD_MULTIPLE`` by default, which this needs: the caller's thread may plan (and
+agree on ``auto``'s choice) while the progress thread moves messages.
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ class Request:
     them to stay.
     """
 
-    __slots__ = ("_done", "_error", "_result", "_keep", "_run", "_finish", "_binding")
+    __slots__ = ("_done", "_error", "_result", "_keep", "_run", "_finish", "_binding", "_waited")
 
     def __init__(self, run, finish, result, keep, binding):
         self._done = threading.Event()
         self._error = None
+        self._waited = False
         self._run, self._finish, self._result, self._keep = run, finish, result, keep
         self._binding = binding
 
@@ -42,6 +46,7 @@ class Request:
     def wait(self):
         """Wait until the collective is complete; return what the blocking call returns."""
         self._done.wait()
+        self._waited = True
         if self._error is not None:
             raise self._error
         return self._result
@@ -72,6 +77,7 @@ class Progress:
         self._thread = None
         self._last = None  # the request started last
         self._stopping = False
+        self._failed: list = []  # requests that failed, until :meth:`unwaited` looks
 
     @property
     def busy(self) -> bool:
@@ -94,11 +100,17 @@ class Progress:
             self._cond.notify()
         return request
 
-    def drain(self) -> None:
-        """Wait until every started request is complete."""
+    def drain(self, timeout=None) -> bool:
+        """Wait until every started request is complete (at most ``timeout`` seconds); True
+        when they are."""
         last = self._last
-        if last is not None:
-            last._done.wait()
+        return last is None or last._done.wait(timeout)
+
+    def unwaited(self) -> list:
+        """The errors of the failed requests that nobody waited for (each given once)."""
+        errors = [r._error for r in self._failed if not r._waited]
+        self._failed.clear()
+        return errors
 
     def stop(self) -> None:
         """Finish what was started, then end the thread."""
@@ -119,3 +131,7 @@ class Progress:
                     return
                 request = self._queue.popleft()
             request._execute()
+            if request._error is not None:
+                if len(self._failed) >= 64:  # keep the ones nobody has waited for yet
+                    self._failed = [r for r in self._failed if not r._waited][-63:]
+                self._failed.append(request)

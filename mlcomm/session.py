@@ -58,7 +58,7 @@ from .algorithms import resolve
 from .binding import Binding, buffer_key, settings_from_env
 from .plan import make_plan, plan_key
 from .progress import Progress
-from .transport.mpi import abort_job
+from .transport.mpi import TAG, abort_job
 from .transport import MESSAGES, PATHS
 from .watch import Watch, free_world, world_roll
 
@@ -631,7 +631,7 @@ def _end(session, failed, since):
     status = MPI.Status()
 
     def check():
-        if session.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+        if session.comm.Iprobe(MPI.ANY_SOURCE, TAG, status):  # a program's message
             peer = status.Get_source()
             abort_job(f"{me} has ended its script, but rank {peer} waits for it in a "
                       f"collective of mlcomm's on this communicator that rank {session.rank} "

@@ -321,3 +321,79 @@ def test_polls_before_yield(monkeypatch):
     assert settings_from_env(0, oversubscribed=False).yield_mask == 1023
     monkeypatch.setenv("MLCOMM_POLLS_BEFORE_YIELD", "64")
     assert settings_from_env(0, oversubscribed=True).yield_mask == 63
+
+
+# --- the end of the job -----------------------------------------------------------------------
+
+def test_a_collective_one_rank_never_calls_ends_the_job_at_its_end(tmp_path):
+    """Rank 1 calls one all-reduce more than rank 0: rank 0's end of the job finds rank 1's
+    message, names both ranks and ends the job, instead of leaving rank 1 waiting."""
+    proc, secs = _job(tmp_path, 2, """
+        for _ in range(2 if rank == 1 else 1):
+            mlcomm.allreduce(np.ones(16, np.float32), algorithm="ring")
+        print("script ended", rank, flush=True)
+    """, env={"MLCOMM_STALL_SECONDS": "30"})
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "mlcomm: rank 0 has ended its script, but rank 1 waits for it" in proc.stderr
+    assert "script ended 0" in proc.stdout and secs < 30
+
+
+def test_an_unhandled_exception_on_one_rank_ends_a_job_the_others_wait_in(tmp_path):
+    """Rank 0's script fails; rank 1 waits for it in an all-reduce: rank 0's end ends the
+    job within the grace period, long before the stall limit."""
+    proc, secs = _job(tmp_path, 2, """
+        mlcomm.allreduce(np.ones(16, np.float32), algorithm="ring")
+        if rank == 0:
+            raise KeyError("a bug in rank 0's script")
+        mlcomm.allreduce(np.ones(16, np.float32), algorithm="ring")
+    """, env={"MLCOMM_STALL_SECONDS": "60"})
+    assert proc.returncode != 0
+    assert "KeyError" in proc.stderr and "a bug in rank 0's script" in proc.stderr
+    # rank 1's message of the second all-reduce, or the grace period, ends it
+    assert ("ended with an unhandled exception" in proc.stderr
+            or "rank 1 waits for it" in proc.stderr), proc.stderr
+    assert secs < 40
+
+
+def test_a_script_that_fails_alike_on_every_rank_prints_each_traceback(tmp_path):
+    proc, _ = _job(tmp_path, 2, """
+        mlcomm.allreduce(np.ones(16, np.float32), algorithm="ring")
+        raise KeyError(f"rank {rank}'s own")
+    """)
+    assert proc.returncode != 0
+    assert "rank 0's own" in proc.stderr and "rank 1's own" in proc.stderr
+
+
+def test_a_started_call_that_failed_unwaited_is_reported_at_the_end(tmp_path):
+    """A call started on the progress thread that fails is reported at the end of the job
+    when nobody waited for it; one that was waited for raised there and is not."""
+    proc, _ = _job(tmp_path, 2, """
+        session = mlcomm.session.get(MPI.COMM_WORLD)
+        waited = session.start(lambda: {}["waited"])
+        session.start(lambda: {}["never waited"])
+        try:
+            waited.wait()
+        except KeyError as exc:
+            print("raised", exc, flush=True)
+        print("script ended", rank, flush=True)
+    """, timeout=60)
+    assert proc.returncode == 0 and "raised 'waited'" in proc.stdout, proc.stdout + proc.stderr
+    for rank in (0, 1):
+        assert (f"mlcomm: rank {rank}: a started call failed and was never waited for: "
+                f"KeyError: 'never waited'") in proc.stderr
+    assert "'waited'" not in proc.stderr
+
+
+def test_a_clean_end_with_watched_waits_behind_it_ends_cleanly(tmp_path):
+    """Watched waits (auto's agreement, a set-up's roll call) leave no message that the end of
+    the job would take for a peer's unmatched one."""
+    proc, _ = _job(tmp_path, 3, """
+        for n in (1, 100, 5000, 1):
+            y = mlcomm.allreduce(np.full(n, rank, np.int64))
+            assert (y == 3).all(), y
+        sub = MPI.COMM_WORLD.Split(rank % 2, rank)
+        mlcomm.allreduce(np.ones(4), comm=sub)
+        print("done", rank, flush=True)
+    """, env={"MLCOMM_STALL_SECONDS": "5"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("done") == 3 and "waits for it" not in proc.stderr

@@ -233,7 +233,7 @@ class ProcessGroupMlcomm(dist.ProcessGroup):
             problem, op, described = self._describe("all_reduce", tensors, reduce_op)
             if problem is None and len(self._known) < _KEEP:
                 self._known[key] = op, described
-        if not opts.asyncOp and not self._hooks and problem is None:  # a small call's path
+        if not opts.asyncOp and not self._hooks and problem is None:  # blocking, here
             self.session.wait_started()
             data = as_array(t, "tensor").reshape(-1)
             if self._size > 1 and data.nbytes <= _ROW - 8:  # one collective: the comparison

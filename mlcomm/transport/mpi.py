@@ -20,7 +20,8 @@ from . import FAULT, Transport, compile_calls
 
 __all__ = ["PointToPoint", "op_name", "describe_error", "abort_job"]
 
-_TAG = 0
+#: the tag of a program's messages (a watched wait's roll call has its own)
+TAG = 0
 
 # --- ops -------------------------------------------------------------------------------------
 
@@ -115,7 +116,7 @@ class PointToPoint(Transport):
     def __init__(self, comm, transfers, message, sent=None):
         self.comm, self.transfers = comm, tuple(transfers)
         self.requests = [(comm.Recv_init if t.recv else comm.Send_init)(
-            [message(t), MPI.BYTE], t.peer, _TAG) for t in self.transfers]
+            [message(t), MPI.BYTE], t.peer, TAG) for t in self.transfers]
         widest = max(len(self.transfers), 1)  # statuses for the widest range
         self.statuses = [MPI.Status() for _ in range(widest)]
         self._ranges = {}
@@ -146,9 +147,9 @@ class PointToPoint(Transport):
         return (_address(ctx), *compile_calls(_define))
 
     def _slice(self, first, n):
-        reqs = self._ranges.get(first)
+        reqs = self._ranges.get((first, n))  # a WAIT may span several STARTs' ranges
         if reqs is None:
-            reqs = self._ranges[first] = self.requests[first:first + n]
+            reqs = self._ranges[first, n] = self.requests[first:first + n]
         return reqs
 
     def start(self, first, n):

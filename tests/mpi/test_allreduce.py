@@ -203,3 +203,45 @@ def test_repeated_reduce_and_reduce_scatter_stay_bound():
         mlcomm.reduce_scatter(mlcomm.IN_PLACE, buf, algorithm="ring")
     again = {id(b) for b in session.get(COMM).bindings()}
     agree(bound <= again and len(again) == len(bound), "a repeated call rebound its plan")
+
+
+@pytest.mark.parametrize("name", ALGOS)
+def test_transfers_past_the_largest_move_in_pieces(name, monkeypatch):
+    """A message, single copy or library call longer than ``program.MAX_BYTES`` is lowered as
+    several in order (MPI's counts are C ints; Linux copies at most 2 GiB at once). With the
+    bound at 40 bytes, every algorithm's pieces still give the exact answer, for every
+    collective."""
+    from mlcomm import program
+    monkeypatch.setattr(program, "MAX_BYTES", 40)
+    comm = COMM.Dup()  # a fresh session: no plan lowered before the bound changed
+    try:
+        count = 1237
+        x = (np.arange(count, dtype=np.int64) * (RANK + 3)) % 1013 - 500
+        want = np.empty_like(x)
+        COMM.Allreduce(x, want, MPI.SUM)
+        got = mlcomm.allreduce(x, comm=comm, algorithm=name)
+        agree(np.array_equal(got, want), f"{name} in pieces")
+        plan = next(iter(mlcomm.session.get(comm).plans.values()))
+        pieces = max((t.nbytes for t in (*plan.program.transfers, *plan.program.fetches)),
+                     default=0)
+        agree(pieces <= 40, f"{name}: a transfer of {pieces} bytes")
+        for collective in ("reduce_scatter", "allgather", "bcast", "reduce"):
+            if name not in mlcomm.COLLECTIVES[collective]:
+                continue
+            block = np.arange(count * P, dtype=np.int64).reshape(P, count) * (RANK + 1)
+            if collective == "reduce_scatter":
+                out = mlcomm.reduce_scatter(block.ravel(), comm=comm, algorithm=name)
+                ok = np.array_equal(out, block[RANK] * P * (P + 1) // 2 // (RANK + 1))
+            elif collective == "allgather":
+                out = mlcomm.allgather(x, comm=comm, algorithm=name)
+                ok = np.array_equal(out, np.concatenate(COMM.allgather(x)))
+            elif collective == "bcast":
+                out = mlcomm.bcast(x.copy(), root=P - 1, comm=comm, algorithm=name)
+                ok = np.array_equal(out, COMM.bcast(x, root=P - 1))
+            else:
+                out = mlcomm.reduce(x, root=0, comm=comm, algorithm=name)
+                ok = RANK != 0 or np.array_equal(out, want)
+            agree(ok, f"{name} {collective} in pieces")
+    finally:
+        mlcomm.session.get(comm).free()
+        comm.Free()
