@@ -63,7 +63,7 @@ KNOWN_SKIPS = ("needs two ranks", "one node", "need one node", "needs one node",
 def assert_suite_passed(proc, known=KNOWN_SKIPS) -> dict:
     """Check the pytest summary of an MPI job run with ``-ra``: tests passed, none failed,
     and every skip is for a reason in ``known``. Returns ``{reason: count}`` of the skips."""
-    out = proc.stdout
+    out = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout)  # Open MPI's mpiexec may keep colours
     assert re.search(r"\b\d+ passed", out), f"no test passed:\n{out[-6000:]}"
     assert not re.search(r"\b\d+ (failed|error)", out), out[-6000:]
     skips = {}

@@ -11,7 +11,7 @@ SUITE = "tests/mpi"
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 6, 7, 8])
 def test_mpi_suite(nprocs):
-    proc = mpirun(nprocs, ["-m", "pytest", SUITE, "--with-mpi", "-q", "-x", "-ra",
+    proc = mpirun(nprocs, ["-m", "pytest", SUITE, "--with-mpi", "-q", "-x", "--color=no", "-ra",
                            "-p", "no:cacheprovider", "-o", "addopts="], timeout=600,
                   env={"MLCOMM_MPI_SUITE": "1"})
     assert_suite_passed(proc)

@@ -21,7 +21,7 @@ def site(request, dist):
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_mpi_suite_on_the_site_mpis(site, nprocs, tmp_path):
     name, python = site
-    proc = mpirun(nprocs, ["-m", "pytest", ROOT / "tests" / "mpi", "--with-mpi", "-q", "-x",
+    proc = mpirun(nprocs, ["-m", "pytest", ROOT / "tests" / "mpi", "--with-mpi", "-q", "-x", "--color=no",
                            "-ra", "-p", "no:cacheprovider", "-o", "addopts=",
                            "-k", "not matrix and not bitwise_the_python_loop"],
                   python=python, cwd=tmp_path, timeout=900, env={"MLCOMM_MPI_SUITE": "1"})
