@@ -17,6 +17,14 @@ Beside it stands the scratch the schedule declares, ``scratch_count`` / count (`
 ``mpi``, the MPI library's ``MPI_Allreduce``). mlcomm allocates all of it with
 ``np.empty``, but only the pages a schedule writes become resident, so ``peak`` can be less.
 Writes ``bench/results/memory.json`` and prints the table.
+
+    python bench/memory.py --freed                  # the cache bound, P = 2
+
+``--freed`` measures the binding cache's bound instead: 120 all-reduces of 4 MiB and 24 of
+16 MiB (ring and naive in turn) on fresh arrays at new addresses, each freed, with
+``MLCOMM_CACHE_BYTES`` at its default and at 16 MiB; each rank reports how much resident
+memory grew (after ``malloc_trim``, which returns what the allocator keeps of freed memory),
+beside the same loop on ``MPI_Allreduce``, and what the cache holds.
 """
 
 from __future__ import annotations
@@ -99,6 +107,89 @@ def worker(args) -> int:
     return 0
 
 
+def freed_worker(args) -> int:
+    """The cache bound inside an mpiexec job (see the module docstring); rank 0 prints one
+    JSON object."""
+    import ctypes
+    import gc
+    import os
+
+    import numpy as np
+    from mpi4py import MPI
+
+    import mlcomm
+    from mlcomm import session
+
+    comm = MPI.COMM_WORLD
+    libc = ctypes.CDLL(None)
+
+    def rss():
+        gc.collect()
+        libc.malloc_trim(0)
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def calls(reduce):
+        for n, count in ((1 << 20, 120), (4 << 20, 24)):  # float32: 4 MiB, then 16 MiB
+            for k in range(count):
+                pad = np.empty(n + 16 * k, np.float32)  # a fresh array at a new address
+                x = pad[16 * k:16 * k + n]
+                x.fill(1.0)
+                reduce(x, k)
+                del pad, x
+
+    def library(x, k):
+        comm.Allreduce(x, np.empty_like(x))
+
+    def ours(x, k):
+        y = mlcomm.allreduce(x, np.empty_like(x) if k % 3 else None,
+                             algorithm="naive" if k % 2 else "ring")
+        assert y[0] == comm.size
+        most[0] = max(most[0], session.cached_bytes())
+
+    most = [0]  # the most the cache held after a call
+    calls(library)
+    for algorithm in ("naive", "ring"):
+        mlcomm.allreduce(np.ones(1 << 14, np.float32), algorithm=algorithm)
+    base = rss()
+    calls(library)
+    library_grown = rss() - base
+    base = rss()
+    calls(ours)
+    grown = rss() - base
+    ranks = comm.gather((grown, library_grown), root=0)
+    if comm.rank == 0:
+        print(json.dumps({"ranks": comm.size, "bound": session.cache_bytes(), "most": most[0],
+                          "grown_mib": [g / 2 ** 20 for g, _ in ranks],
+                          "library_grown_mib": [g / 2 ** 20 for _, g in ranks],
+                          "held": session.held() if hasattr(session, "held") else None}))
+    return 0
+
+
+def freed_jobs(ranks) -> str:
+    """``--freed``: one job per bound (the default, 16 MiB); the table."""
+    import os
+    lines = [f"# resident memory growth per rank (MiB) after 144 all-reduces on fresh arrays, "
+             f"P = {ranks}"]
+    for bound in (None, 16 << 20):
+        env = dict(os.environ)
+        env.pop("MLCOMM_CACHE_BYTES", None)
+        if bound is not None:
+            env["MLCOMM_CACHE_BYTES"] = str(bound)
+        cmd = [str(Path(sys.executable).with_name("mpiexec")), "-n", str(ranks),
+               sys.executable, str(Path(__file__).resolve()), "--worker", "--freed"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n"
+                               f"{proc.stderr[-4000:]}")
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        grown = ", ".join(f"{g:.1f}" for g in r["grown_mib"])
+        library = ", ".join(f"{g:.1f}" for g in r["library_grown_mib"])
+        lines.append(f"MLCOMM_CACHE_BYTES={r['bound']}: grown {grown}; MPI_Allreduce's loop "
+                     f"{library}; the cache held at most {r['most']}, at the end {r['held']}")
+    return "\n".join(lines) + "\n"
+
+
 def one_job(ranks, algorithm, options, nbytes) -> dict:
     """Run one case as its own mpiexec job; return rank 0's record."""
     mpiexec = Path(sys.executable).with_name("mpiexec")
@@ -147,11 +238,16 @@ def main() -> int:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--algorithm", help=argparse.SUPPRESS)
     parser.add_argument("--options", default="{}", help=argparse.SUPPRESS)
+    parser.add_argument("--freed", action="store_true",
+                        help="measure the cache bound instead (P = 2 unless -p says)")
     args = parse_args(parser)
     from mlcomm.benchmark.harness import parse_size
     args.bytes = parse_size(args.size)
     if args.worker:
-        return worker(args)
+        return freed_worker(args) if args.freed else worker(args)
+    if args.freed:
+        sys.stdout.write(freed_jobs(2 if args.ranks == "2,4" else int(args.ranks)))
+        return 0
     from tqdm import tqdm
     jobs = [(int(p), alg, opts) for p in args.ranks.split(",") for alg, opts in CASES]
     records = [one_job(p, alg, opts, args.bytes)
