@@ -9,6 +9,7 @@ import pytest
 from mpi4py import MPI
 
 import mlcomm
+from mlcomm import verify
 from mlcomm.verify import close, reference, sample
 
 from mpi_helpers import COMM, agree
@@ -46,6 +47,15 @@ def test_floats_match_mpi_and_agree_bitwise(name, dtype):
         x = sample(dt, "sum", count, RANK)
         got = mlcomm.allreduce(x, algorithm=name)
         agree(close(got, reference(COMM, x, "sum"), P, "sum"), f"{name} {dtype} count={count}")
+        # exact: the bits of what ran (auto's choice too), by the local executor on every
+        # rank's input; the library's own MPI_Allreduce has no schedule to run
+        ran, options = verify._ran(mlcomm.session.get(COMM), name, count, dt, "sum")
+        inputs = COMM.allgather(x)
+        if mlcomm.ALGORITHMS[ran].hand_written:
+            local = verify.scheduled(ran, options, inputs, "sum", RANK)
+            agree(not isinstance(local, str) and digest(local) == digest(got),
+                  f"{name} ({ran}) {dtype} count={count}: not the bits of its schedule "
+                  f"({local if isinstance(local, str) else 'the local executor differs'})")
         agree(len(set(COMM.allgather(digest(got)))) == 1, "results differ between ranks")
         again = mlcomm.allreduce(x, algorithm=name)
         agree(digest(again) == digest(got), "a repeated call gave different bits")
