@@ -9,11 +9,15 @@ from conftest import ROOT, assert_suite_passed, mpirun
 SUITE = "tests/mpi"
 
 
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 6, 7, 8])
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 6, 7])
 def test_mpi_suite(nprocs):
-    proc = mpirun(nprocs, ["-m", "pytest", SUITE, "--with-mpi", "-q", "-x", "--color=no", "-ra",
-                           "-p", "no:cacheprovider", "-o", "addopts="], timeout=600,
-                  env={"MLCOMM_MPI_SUITE": "1"})
+    """The whole suite at 1 to 7 ranks; the dtype x op matrices at 1 to 4 (their kernels do
+    not change with the rank count, and the local executor proves every schedule exact for
+    p = 1 to 64). Eight ranks run the node-aware suite and verify below."""
+    select = ["-k", "not matrix"] if nprocs >= 5 else []
+    proc = mpirun(nprocs, ["-m", "pytest", SUITE, "--with-mpi", "-q", "-x", "--color=no",
+                           "-ra", "-p", "no:cacheprovider", "-o", "addopts=", *select],
+                  timeout=600, env={"MLCOMM_MPI_SUITE": "1"})
     assert_suite_passed(proc)
 
 
