@@ -47,9 +47,10 @@ def mpirun(nprocs, args, *, timeout=300, env=None, check=True, cwd=None,
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               env=full_env, cwd=cwd or ROOT)
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{' '.join(cmd)} hung for {timeout}s\n{exc.stdout}\n{exc.stderr}")
+        pytest.fail(f"{' '.join(map(str, cmd))} hung for {timeout}s\n{exc.stdout}\n"
+                    f"{exc.stderr}")
     if check and proc.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n"
+        pytest.fail(f"{' '.join(map(str, cmd))} exited {proc.returncode}\n"
                     f"--- stdout ---\n{proc.stdout[-8000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")
     return proc
 
