@@ -11,11 +11,12 @@ from functools import lru_cache, partial
 import numpy as np
 from mpi4py import MPI
 
-from . import device, gpu, kernels, staging, tensors
+from .buffers import device, gpu, staging, tensors
+from . import kernels
 from .algorithms import AUTO, COLLECTIVES, MPI_NATIVE
-from .device import DeviceVector
-from .select import agreed_choice, plan_for, requested
-from .progress import Request
+from .buffers.device import DeviceVector
+from .session.auto import agreed_choice, plan_for, requested
+from .runtime.progress import Request
 from .session import MISS, SLOTS, Slot, bound_call, remembers, slot_key
 from .session import get as session_of
 from .transport.mpi import op_name

@@ -55,7 +55,7 @@ def test_rounds_shuffle_places_and_neighbours_alike_on_every_rank():
     """Each round runs every algorithm once, in an order that depends only on the round (so
     every rank makes the same calls); over the rounds an algorithm changes its place and
     the algorithm before it, which a rotation would keep."""
-    from mlcomm.select import round_order
+    from mlcomm.session.auto import round_order
     names = ["mpi"] + sorted(_algorithms() - {"mpi"})
     orders = [round_order(names, k) for k in range(5)]
     assert all(sorted(o) == sorted(names) for o in orders)
@@ -68,7 +68,7 @@ def test_rounds_shuffle_places_and_neighbours_alike_on_every_rank():
 def test_each_timed_block_follows_an_untimed_call_of_its_own():
     """Steady state: no timed block starts cold after another algorithm's block."""
     from mlcomm.benchmark.harness import interleaved
-    from mlcomm.select import round_order
+    from mlcomm.session.auto import round_order
     events = []
 
     class Comm:
@@ -166,7 +166,7 @@ def test_model_lines_only_with_a_calibrated_profile(tmp_path, monkeypatch):
     from mlcomm.benchmark.plot import model_times, plot_sweep
     monkeypatch.setenv("MLCOMM_PROFILE", str(tmp_path / "missing.json"))
     assert model_times(["mpi", "ring"], 4, [8, 1024]) is None     # built-in defaults: no model
-    from mlcomm.profile import Profile, save_profile               # as mlcomm tune alone writes it
+    from mlcomm.model.machine import Profile, save_profile               # as mlcomm tune alone writes it
     tuned_only = save_profile(Profile(tuned={"4": [[8, "naive"]]}), tmp_path / "tuned.json")
     monkeypatch.setenv("MLCOMM_PROFILE", str(tuned_only))
     assert model_times(["mpi", "ring"], 4, [8, 1024]) is None
@@ -291,7 +291,7 @@ def test_bench_options_go_to_the_algorithms_that_take_them_n2(tmp_path):
 def test_bench_says_what_auto_ran_n2(tmp_path, monkeypatch):
     """auto's record and table row name the algorithm it ran at each size (with
     MLCOMM_AUTO=model, the cost model's choice)."""
-    from mlcomm.select import auto_choice
+    from mlcomm.session.auto import auto_choice
     env = {"MLCOMM_AUTO": "model", "MLCOMM_PROFILE": str(tmp_path / "none.json")}
     for key, value in env.items():
         monkeypatch.setenv(key, value)

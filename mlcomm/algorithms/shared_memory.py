@@ -2,7 +2,7 @@
 
 Small vectors are written once and read by all: each rank copies its vector into its slot,
 one node barrier, then every rank reduces every slot in local-rank order (so every rank
-gets the same bits). Up to :data:`mlcomm.schedule.TURN_BYTES` the slot is one of the
+gets the same bits). Up to :data:`mlcomm.ir.schedule.TURN_BYTES` the slot is one of the
 window's two turn areas, taken in turn, so a rank writes it without waiting for its peers
 to finish reading the previous collective (``Schedule.turns``). Larger vectors go in chunks
 of at most half a slot: each chunk is reduce-scattered (local rank j reduces part j of
@@ -20,8 +20,8 @@ it writes its slot again.
 
 from __future__ import annotations
 
-from ..schedule import (INPUT, OUTPUT, SCRATCH, TURN_BYTES, Region, Timeline, chunk_bounds,
-                        peer, slot)
+from ..ir.schedule import (INPUT, OUTPUT, SCRATCH, TURN_BYTES, Region, Timeline, chunk_bounds, peer,
+    slot)
 from ._common import elements
 from ._registry import register
 

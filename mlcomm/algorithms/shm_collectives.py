@@ -9,7 +9,7 @@ finished with it. Every rank posts equally often, and last after its last read.
 
 from __future__ import annotations
 
-from ..schedule import INPUT, OUTPUT, Region, Timeline, slot
+from ..ir.schedule import INPUT, OUTPUT, Region, Timeline, slot
 from ._common import elements
 from ._registry import register
 from .shared_memory import COPY, DEFAULT_SLOT_BYTES, Barriers, exchange, node_of, reduce_as_posted

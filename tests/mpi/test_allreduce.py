@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 import mlcomm
-from mlcomm.verify import close, reference, sample
+from mlcomm.benchmark.verify import close, reference, sample
 
 from mpi_helpers import COMM, agree
 
@@ -211,7 +211,7 @@ def test_transfers_past_the_largest_move_in_pieces(name, monkeypatch):
     several in order (MPI's counts are C ints; Linux copies at most 2 GiB at once). With the
     bound at 40 bytes, every algorithm's pieces still give the exact answer, for every
     collective."""
-    from mlcomm import program
+    from mlcomm.ir import program
     monkeypatch.setattr(program, "MAX_BYTES", 40)
     comm = COMM.Dup()  # a fresh session: no plan lowered before the bound changed
     try:

@@ -21,17 +21,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import kernels
-from .device import DeviceVector
+from .. import kernels
+from ..buffers.device import DeviceVector
 from .frame import DONE, F_PC, FAULTED, STALLED, Frame, compiled_supports, op_code
 from .loop import HostMemory, PythonLoop, compiled_loop
-from .program import IN_PLACE, INPUT, NATIVE, OUTPUT, SCRATCH, SLOTS
-from .schedule import TURN_BYTES
-from .transport import WINDOW, Transport
-from .transport.mpi import PointToPoint, abort_job
-from .transport.native import LibraryCollectives, NativeCall
-from .transport.peer import PeerCopies
-from .transport.shm import NodeSync
+from ..ir.program import IN_PLACE, INPUT, NATIVE, OUTPUT, SCRATCH, SLOTS
+from ..ir.schedule import TURN_BYTES
+from ..transport import WINDOW, Transport
+from ..transport.mpi import PointToPoint, abort_job
+from ..transport.native import LibraryCollectives, NativeCall
+from ..transport.peer import PeerCopies
+from ..transport.shm import NodeSync
 
 __all__ = ["Settings", "Binding", "settings_from_env"]
 
@@ -102,12 +102,12 @@ def _alias(address: int, nbytes: int, dtype) -> np.ndarray:
 
 class Binding:
     """``plan`` bound to 1-D contiguous ``inp`` and ``out`` (one array when in place): NumPy
-    arrays, or device vectors (:class:`mlcomm.device.DeviceVector`) on a CUDA-aware MPI.
+    arrays, or device vectors (:class:`mlcomm.buffers.device.DeviceVector`) on a CUDA-aware MPI.
 
     ``scratch`` may be shared with other host bindings of the same plan (calls on one
     communicator run one at a time); else the binding allocates its own. ``moved`` holds the
     int64 counters, one per path of :data:`mlcomm.transport.PATHS`, that the transports add
-    the bytes they move between ranks to (:attr:`mlcomm.program.Program.moved` a run).
+    the bytes they move between ranks to (:attr:`mlcomm.ir.program.Program.moved` a run).
     """
 
     def __init__(self, comm, plan, inp, out, settings: Settings, scratch=None, moved=None,
@@ -200,7 +200,7 @@ class Binding:
         ``slot_bytes`` each, or ``(None, None)`` where it does not apply: Numba or the MPI
         symbols missing, a dtype/op it has no loop for, partly overlapping op operands,
         misaligned arrays, or reductions large enough for the parallel kernels."""
-        from .kernels.numba_backend import kernel_dtype, num_threads
+        from ..kernels.numba_backend import kernel_dtype, num_threads
         plan, settings = self.plan, self.settings
         if not settings.compiled or any(t.compiled is None for t in self.transports):
             return None, None
@@ -352,7 +352,7 @@ class DeviceMemory:
         return [(self._note(DeviceVector.copy_from), (d, s))]
 
     def reduce(self, kind, d, a, s):
-        from .program import REDUCE, REDUCE3
+        from ..ir.program import REDUCE, REDUCE3
         kernel = self._note(kernels.kernel_for(d.raw, s.raw, self.op, stream=d.stream,
                                                dtype=d.dtype))
         copy = self._note(DeviceVector.copy_from)

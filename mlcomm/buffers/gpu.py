@@ -5,9 +5,9 @@ anything exposing ``__cuda_array_interface__`` or a CUDA ``__dlpack_device__`` i
 array. :func:`cuda_aware` decides how it travels (``MLCOMM_CUDA_AWARE=1|0``, or a probe of the
 MPI library when unset):
 
-- CUDA-aware: device pointers go straight to MPI (:func:`mlcomm.device.direct`) after the
+- CUDA-aware: device pointers go straight to MPI (:func:`mlcomm.buffers.device.direct`) after the
   producing stream is synchronised; the device loop reduces with the GPU kernels on the device.
-- otherwise: staged through pinned host buffers (:mod:`mlcomm.staging`), the copy of chunk
+- otherwise: staged through pinned host buffers (:mod:`mlcomm.buffers.staging`), the copy of chunk
   k+1 overlapping the collective on chunk k for allreduce, reduce and bcast. When the probe
   cannot tell, device arrays are staged and a warning is issued once.
 
@@ -24,7 +24,7 @@ import warnings
 
 import numpy as np
 
-from . import libmpi
+from ..transport import libmpi
 
 __all__ = ["is_device_array", "is_cupy", "is_numba", "simulator", "cuda_aware",
            "cuda_aware_decision", "probe_cuda_support", "warn_once_if_unknown", "select_device",

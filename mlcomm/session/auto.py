@@ -18,11 +18,11 @@ from functools import lru_cache
 
 import numpy as np
 
-from .algorithms import ALGORITHMS, AUTO, COLLECTIVES, MPI_NATIVE, resolve
-from .algorithms.shared_memory import SINGLE_COPY_BYTES
-from .schedule import INPUT, Copy, Recv, Send, owner
-from .profile import DEFAULT_GAMMA, DEFAULT_OP_OVERHEAD, DEFAULT_STEP_OVERHEAD, load_profile
-from .transport.native import supports as library_supports
+from ..algorithms import ALGORITHMS, AUTO, COLLECTIVES, MPI_NATIVE, resolve
+from ..algorithms.shared_memory import SINGLE_COPY_BYTES
+from ..ir.schedule import INPUT, Copy, Recv, Send, owner
+from ..model.machine import DEFAULT_GAMMA, DEFAULT_OP_OVERHEAD, DEFAULT_STEP_OVERHEAD, load_profile
+from ..transport.native import supports as library_supports
 
 log = logging.getLogger("mlcomm")
 
