@@ -3,6 +3,7 @@
 import csv
 import io
 import json
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,8 @@ from mlcomm.benchmark.report import format_csv, format_json, format_kernels, for
 from conftest import mpirun
 
 BENCH = ["-m", "mlcomm", "bench", "--no-progress"]
+#: runs a command with a fault injected (tests/faults/inject.py)
+INJECT = str(Path(__file__).parent / "faults" / "inject.py")
 FAST = ["--min-bytes", "8", "--max-bytes", "4K", "--factor", "8", "--iters", "3",
         "--warmup", "1"]
 
@@ -223,19 +226,18 @@ def test_bench_csv_both_placements_n3():
     assert {(r["rounds"], r["iters"]) for r in rows} == {("2", "4")}  # 3 calls: 2 per round
 
 
-@pytest.mark.parametrize("nprocs, dtype, op, target", [
+@pytest.mark.parametrize("nprocs, dtype, op, corrupted", [
     (3, "float32", "sum", "ring"),            # tolerance path, MPI baseline
-    (2, "int64", "bxor", "1"),                # exact path, first non-mpi algorithm
+    (2, "int64", "bxor", "ring"),             # exact path
     (3, "bfloat16", "avg", "recursive_halving_doubling"),  # local reference (MPI cannot)
 ])
-def test_check_catches_corrupted_result(nprocs, dtype, op, target):
+def test_check_catches_corrupted_result(nprocs, dtype, op, corrupted):
     algs = "ring,recursive_halving_doubling"
-    proc = mpirun(nprocs, BENCH + FAST + ["--algorithms", algs, "--dtype", dtype, "--op", op,
-                                          "--check", "--format", "json"],
-                  env={"MLCOMM_BENCH_CORRUPT": target}, timeout=240, check=False)
+    proc = mpirun(nprocs, [INJECT, f"bench-corrupt={corrupted}", "--", *BENCH, *FAST,
+                           "--algorithms", algs, "--dtype", dtype, "--op", op,
+                           "--check", "--format", "json"], timeout=240, check=False)
     assert proc.returncode != 0, proc.stdout + proc.stderr    # a failed check fails the run
     data = json.loads(proc.stdout)
-    corrupted = "ring" if target == "1" else target
     baseline = {d["baseline"] for d in data}
     assert baseline == {{"float32": "MPI_Allreduce(float32, MPI_SUM)",
                          "int64": "MPI_Allreduce(int64, MPI_BXOR)",

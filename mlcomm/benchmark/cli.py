@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -249,7 +248,7 @@ def run(args) -> int:
         algorithms=args.algorithms, sizes=args.byte_sizes, dtype=args.dtypes[0], op=args.op,
         placements=placements, iters=args.iters, warmup=args.warmup, rounds=args.rounds,
         quick=args.quick, check=args.check, device=args.device, options=args.options,
-        progress=show_progress(args), corrupt=os.environ.get("MLCOMM_BENCH_CORRUPT") or None)
+        progress=show_progress(args))
     records = run_bench(cfg, comm)
     wrong = sum(r["wrong"] or 0 for r in records)
     if comm.Get_rank() == 0:

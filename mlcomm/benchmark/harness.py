@@ -25,7 +25,7 @@ __all__ = [
     "RECORD_KEYS", "EXTRA_KEYS", "BenchConfig",
     "parse_size", "format_size", "size_list", "parse_dtype", "default_iters",
     "resolve_algorithms", "options_for", "applicable", "run_bench", "interleaved",
-    "peak_rss_mib", "corrupt", "baseline_label",
+    "peak_rss_mib", "baseline_label",
 ]
 
 #: The keys every JSON record carries, in column order.
@@ -118,7 +118,6 @@ class BenchConfig:
     check: bool = False
     device: str = "cpu"
     progress: bool = True
-    corrupt: str | None = None                       # test hook, see _corrupt_target
     options: dict = field(default_factory=dict)      # algorithm -> its options (options_for)
 
 
@@ -186,19 +185,6 @@ def _count_wrong(result, ref, dtype, op) -> int:
     if op in ("land", "lor"):
         return int(np.count_nonzero(np.asarray(result).astype(bool) != np.asarray(ref).astype(bool)))
     return int(np.count_nonzero(np.asarray(result) != np.asarray(ref)))
-
-
-def corrupt(result):
-    """Change element 0 of host array ``result`` so that any check must see it (a test hook)."""
-    if result.size == 0:
-        return
-    x = result.reshape(-1)[:1]
-    if x.dtype.kind == "b":
-        x[...] = ~x
-    elif x.dtype.kind in "iu":
-        x ^= 1
-    else:
-        x[...] = (np.abs(x) + 1) * 3
 
 
 # --------------------------------------------------------------------------- device
@@ -297,16 +283,6 @@ def _view(a, dtype):
 
 
 # --------------------------------------------------------------------------- runner
-
-def _corrupt_target(spec, algorithms):
-    """Return the algorithm whose result the MLCOMM_BENCH_CORRUPT hook flips."""
-    if not spec:
-        return None
-    if spec in algorithms:
-        return spec
-    others = [a for a in algorithms if a != BASELINE]
-    return others[0] if others else None
-
 
 def _timed_call(alg, comm, dev, send, recv, in_place, op, mdtype, mop, staged, hosts,
                 options=None):
@@ -415,7 +391,6 @@ def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
         print(f"# left out: {', '.join(left)} (needs host buffers on one node: "
               f"shared_memory; host buffers: hierarchical)", flush=True)
     cfg = dataclasses.replace(cfg, algorithms=algorithms)
-    corrupt_alg = _corrupt_target(cfg.corrupt, cfg.algorithms)
 
     bar = None
     total = len(cfg.sizes) * len(cfg.placements)
@@ -459,8 +434,6 @@ def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
                         ref = _reference(dtype, count, size, op)
                     if alg != BASELINE or exact:
                         res = np.array(dev.to_host(recv), copy=True)
-                        if alg == corrupt_alg and rank == size - 1:
-                            corrupt(res)
                         wrongs[alg] = comm.allreduce(_count_wrong(res, ref, dtype, op),
                                                      op=MPI.SUM)
                     else:  # a timing proxy (see _mpi_plan): nothing to check

@@ -157,7 +157,3 @@ def _run(argv) -> int:
 def main(argv=None) -> int:
     """Entry point of the ``mlcomm`` console script and of ``python -m mlcomm``."""
     return abort_on_error(_run, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
