@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from mlcomm.benchmark.harness import (EXTRA_KEYS, RECORD_KEYS, band_summary, default_iters,
-                                      parse_size, size_list)
+from mlcomm.benchmark.harness import EXTRA_KEYS, RECORD_KEYS, band_summary, default_iters, size_list
 from mlcomm.benchmark.report import format_csv, format_json, format_kernels, format_table
+from mlcomm.units import parse_size
 
 from conftest import mpirun
 
@@ -169,7 +169,7 @@ def test_model_lines_only_with_a_calibrated_profile(tmp_path, monkeypatch):
     from mlcomm.benchmark.plot import model_times, plot_sweep
     monkeypatch.setenv("MLCOMM_PROFILE", str(tmp_path / "missing.json"))
     assert model_times(["mpi", "ring"], 4, [8, 1024]) is None     # built-in defaults: no model
-    from mlcomm.model.machine import Profile, save_profile               # as mlcomm tune alone writes it
+    from mlcomm.model.machine import Profile, save_profile  # as mlcomm tune alone writes it
     tuned_only = save_profile(Profile(tuned={"4": [[8, "naive"]]}), tmp_path / "tuned.json")
     monkeypatch.setenv("MLCOMM_PROFILE", str(tuned_only))
     assert model_times(["mpi", "ring"], 4, [8, 1024]) is None

@@ -35,16 +35,13 @@ SMALL_BYTES = 16 << 10
 #: each rank's window slot when the communicator does not say (``MLCOMM_SHM_BYTES``)
 DEFAULT_SLOT_BYTES = 4 << 20
 #: the pipeline's chunk when the call does not say: small enough that a chunk's window
-#: traffic stays in cache, large enough that its synchronisations are few (measured on
-#: 2 cores at 2 and 4 ranks, 16 MiB: 512 KiB to 1 MiB best)
+#: traffic stays in cache, large enough that its synchronisations are few
 CHUNK_BYTES = 512 << 10
 #: vectors from this many bytes read their peers' inputs and write their outputs in place of
-#: the window's copies, where the node allows it (on 2 cores at P = 2 and 4, without a shared
-#: cache: 64 KiB to 4 MiB 0.15-0.35 of MPI_Allreduce against the window's 0.46-0.89)
+#: the window's copies, where the node allows it
 SINGLE_COPY_BYTES = 64 << 10
-#: a single-copy reduce-scatter reads a peer's part this much at a time into scratch (P = 2,
-#: 16 MiB on 2 cores: 512 KiB faster than 256 KiB in 8 of 9 alternated jobs, by 9-13 % on
-#: average; 64 and 128 KiB slower, 1 MiB no faster; bench/cma_probe.py --read-chunk)
+#: a single-copy reduce-scatter reads a peer's part this much at a time into scratch
+#: (``bench/cma_probe.py --read-chunk`` times other sizes)
 READ_CHUNK_BYTES = 512 << 10
 #: a copy through the window, per byte, as a fraction of beta: a message through MPI's
 #: shared memory is two copies (into a shared cell and out), the window's one
@@ -100,15 +97,6 @@ class Barriers:
     def end(self, t: int) -> None:
         """Say that this rank has finished reading the window."""
         self.post(t)
-
-
-def reduce_slots(tl, t, node, dst, at, count):
-    """``dst = slot[node[0]] ⊕ slot[node[1]] ⊕ …``, each at element ``at``, in local order."""
-    parts = [Region(slot(q), at, count) for q in node]
-    if len(parts) == 1:
-        tl.copy(t, dst, parts[0])
-    for k in range(1, len(parts)):
-        tl.reduce(t, dst, parts[k], left=parts[0] if k == 1 else None)
 
 
 def reduce_as_posted(tl, t, sync, post, dst, at, count):

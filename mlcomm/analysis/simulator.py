@@ -72,7 +72,8 @@ class Network:
 
     @classmethod
     def from_profile(cls, profile=None, **overrides) -> "Network":
-        """Build a network from a :class:`mlcomm.model.machine.Profile` (default: the loaded one)."""
+        """Build a network from a :class:`mlcomm.model.machine.Profile` (default: the loaded
+        one)."""
         if profile is None:
             from ..model.machine import load_profile
             profile = load_profile()

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import rss as _rss
-from ..units import format_size, parse_dtype, parse_size
+from ..units import format_size
 
 __all__ = [
     "RECORD_KEYS", "EXTRA_KEYS", "BenchConfig",
-    "parse_size", "format_size", "size_list", "parse_dtype", "default_iters",
+    "size_list", "default_iters",
     "resolve_algorithms", "options_for", "applicable", "run_bench", "interleaved",
     "peak_rss_mib", "baseline_label",
 ]
@@ -368,8 +368,8 @@ def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
     Per size and placement, every algorithm is first checked (with ``check``) and warmed
     up, then timed in ``rounds`` interleaved rounds: each round times every algorithm for
     ``iters / rounds`` calls after one untimed call and a barrier, in an order shuffled
-    each round (:func:`mlcomm.session.auto.round_order`). An algorithm's time per call is the median over
-    rounds, so a burst of noise from other processes lands on one round of every algorithm
+    each round (:func:`mlcomm.session.auto.round_order`). An algorithm's time per call is the
+    median over rounds, so a burst of noise from other processes lands on one round of every algorithm
     alike, not on one algorithm's whole block (Google Benchmark's random interleaving, for
     the same reason).
     """

@@ -295,8 +295,8 @@ def scheduled(name, options, inputs, op, rank, in_place=False):
     there is none.
 
     Each reduction makes the calls the Python loop makes for it (``HostMemory.reduce`` in
-    :mod:`mlcomm.runtime.loop`: ``d = a (op) s`` into ``a``, into ``s``, or a copy of ``a`` then into
-    it) with the NumPy kernels. Those give the compiled loop's and the Numba kernels' bits for
+    :mod:`mlcomm.runtime.loop`: ``d = a (op) s`` into ``a``, into ``s``, or a copy of ``a``
+    then into it) with the NumPy kernels. Those give the compiled loop's and the Numba kernels' bits for
     every op but complex prod, which NumPy alone runs and whose last bits depend on which
     operand the output is (its multiply fuses some of its products on some paths).
     """

@@ -24,8 +24,7 @@ import numpy as np
 from . import gpu
 from .device import UserBuffers, copy_streams, new_array, to_device_async, to_host_async
 
-__all__ = ["CHUNK_BYTES", "ELEMENTWISE", "chunk_bytes", "run", "pipeline", "stage", "Staged",
-           "clear_cache"]
+__all__ = ["CHUNK_BYTES", "ELEMENTWISE", "chunk_bytes", "run", "pipeline", "stage", "Staged"]
 
 #: Staging chunk size when ``MLCOMM_STAGING_CHUNK_BYTES`` is unset.
 CHUNK_BYTES = 4 << 20
@@ -48,11 +47,6 @@ def chunk_bytes() -> int:
 
 _CACHE_ENTRIES = 16
 _cache: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
-
-
-def clear_cache():
-    """Drop the cached host staging buffers."""
-    _cache.clear()
 
 
 def _host_buffer(role, count, dtype, kind):

@@ -12,8 +12,9 @@ again to go on waiting) or ``FAULTED`` (a transport reported a fault; ask it wha
   stall limit. It lives in :mod:`mlcomm.runtime.hostloop`, imported (with Numba) on first use.
 - The **Python loop** (:class:`PythonLoop`) decodes the program once into calls of
   :mod:`mlcomm.kernels` (NumPy, or Numba's parallel kernels for large reductions) on the
-  host; with device memory (:class:`mlcomm.runtime.binding.DeviceMemory`) it is the **device loop**, whose kernels run on a CUDA
-  stream that is synchronised before MPI touches device memory.
+  host; with device memory (:class:`mlcomm.runtime.binding.DeviceMemory`) it is the
+  **device loop**, whose kernels run on a CUDA stream that is synchronised before MPI
+  touches device memory.
 
 A WAIT polls its transport; every ``yield_mask + 1`` polls it yields the CPU (ranks may
 outnumber cores) and reads the clock, so the stall check costs nothing on short waits; a

@@ -50,9 +50,9 @@ TRIAL_PROBE_PRUNE = 2.0
 #: measured times within this factor of the fastest count as a tie (the model's order breaks it)
 TRIAL_TIE = 1.02
 #: a variant (:data:`VARIANTS`) is chosen only where it times this much faster than the
-#: fastest default: through the window, shared_memory gains at most about 10 % at P = 2
-#: where the cores share a cache and loses up to 3x where they do not, and a machine can
-#: move between the two within a job (docs/performance.rst)
+#: fastest default: the window's gain is small where the cores share a cache, its loss large
+#: where they do not, and a machine can move between the two within a job
+#: (docs/performance.rst)
 VARIANT_MARGIN = 1.15
 
 
@@ -329,8 +329,7 @@ def _propose(collective, p, count, dtype, op, nodes, device, flat):
 def round_order(names, k) -> list:
     """Round ``k``'s order of interleaved timing: ``names`` shuffled by a generator seeded
     with k (the same on every rank), so no candidate keeps its place in the round or the
-    candidate before it. A rotation keeps both: at 16 MiB on 4 ranks and 2 cores that moved
-    one algorithm's time by 10 % either way (docs/performance.rst)."""
+    candidate before it, as a rotation would (docs/performance.rst)."""
     return [names[i] for i in np.random.default_rng(k).permutation(len(names))]
 
 

@@ -106,12 +106,6 @@ class NodeWindow:
     def turn(self, value: int):
         self._turn[0] = value
 
-    def slot_array(self, local: int, dtype) -> np.ndarray:
-        """Local rank ``local``'s slot as an array of ``dtype`` (the window keeps the memory)."""
-        import ctypes
-        raw = (ctypes.c_char * self.slot_bytes).from_address(self.slots[local])
-        return np.frombuffer(raw, dtype, self.slot_bytes // np.dtype(dtype).itemsize)
-
     def flag_array(self, local: int) -> np.ndarray:
         import ctypes
         return np.frombuffer((ctypes.c_char * 8).from_address(self.flags[local]), np.int64)
