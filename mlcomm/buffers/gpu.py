@@ -24,6 +24,7 @@ import warnings
 
 import numpy as np
 
+from .. import config
 from ..transport import libmpi
 
 __all__ = ["is_device_array", "is_cupy", "is_numba", "simulator", "cuda_aware",
@@ -146,21 +147,13 @@ def _probe():
     return "unknown", f"{vendor}: no CUDA-support query in this MPI library"
 
 
-_TRUE = ("1", "yes", "true", "on")
-_FALSE = ("0", "no", "false", "off")
-
-
 def _decision():
     """Return (aware: bool, state, text)."""
-    raw = os.environ.get("MLCOMM_CUDA_AWARE")
-    value = "" if raw is None else raw.strip().lower()
-    if value in _TRUE:
+    aware, raw = config.cuda_aware()
+    if aware is True:
         return True, "env", f"yes (MLCOMM_CUDA_AWARE={raw})"
-    if value in _FALSE:
+    if aware is False:
         return False, "env", f"no (MLCOMM_CUDA_AWARE={raw}; staging through host)"
-    if value not in ("", "auto"):
-        raise ValueError(f"MLCOMM_CUDA_AWARE={raw!r}: use 1 (CUDA-aware MPI), 0 (stage through "
-                         f"host memory) or leave it unset to probe")
     state, detail = probe_cuda_support()
     if state == "yes":
         return True, state, f"yes (probe: {detail})"

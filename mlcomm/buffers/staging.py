@@ -16,11 +16,11 @@ chunking runs exactly as on a GPU.
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 
 import numpy as np
 
+from .. import config
 from . import gpu
 from .device import UserBuffers, copy_streams, new_array, to_device_async, to_host_async
 
@@ -34,13 +34,7 @@ ELEMENTWISE = ("allreduce", "reduce", "bcast")
 
 def chunk_bytes() -> int:
     """Bytes per staging chunk: ``MLCOMM_STAGING_CHUNK_BYTES``, else :data:`CHUNK_BYTES`."""
-    raw = os.environ.get("MLCOMM_STAGING_CHUNK_BYTES", "").strip()
-    if not raw:
-        return CHUNK_BYTES
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"MLCOMM_STAGING_CHUNK_BYTES={raw!r}: give a positive number of bytes, "
-                         f"e.g. {CHUNK_BYTES} (the default, 4 MiB), the same on every rank")
-    return int(raw)
+    return config.staging_chunk_bytes(CHUNK_BYTES)
 
 
 # --- host buffers ------------------------------------------------------------------------------

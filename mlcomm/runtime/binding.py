@@ -15,13 +15,12 @@ and the bytes, as MPI's own collectives do.
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
 from dataclasses import dataclass
 
 import numpy as np
 
-from .. import kernels
+from .. import config, kernels
 from ..buffers.device import DeviceVector
 from .frame import DONE, F_PC, FAULTED, STALLED, Frame, compiled_supports, op_code
 from .loop import HostMemory, PythonLoop, compiled_loop
@@ -51,40 +50,20 @@ class Settings:
     compiled: bool = True
 
 
-def _positive_seconds(name, raw, default):
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise ValueError(f"{name}={raw!r}: give a number of seconds (0 turns it off)")
-    return value
-
-
 def _polls(oversubscribed: bool) -> int:
     """``MLCOMM_POLLS_BEFORE_YIELD`` (a power of two), else 2 when ranks outnumber cores
     (a waiting rank gives its core away almost at once) and 1024 when they do not."""
-    raw = os.environ.get("MLCOMM_POLLS_BEFORE_YIELD", "").strip()
-    if not raw:
-        return 2 if oversubscribed else 1024
-    if not raw.isdigit() or int(raw) < 1 or int(raw) & (int(raw) - 1):
-        raise ValueError(f"MLCOMM_POLLS_BEFORE_YIELD={raw!r}: give a power of two, e.g. 16")
-    return int(raw)
+    return config.polls_before_yield(2 if oversubscribed else 1024)
 
 
 def settings_from_env(rank: int, oversubscribed: bool) -> Settings:
     """Settings from ``MLCOMM_STALL_SECONDS``, ``MLCOMM_STALL_ABORT``,
     ``MLCOMM_POLLS_BEFORE_YIELD`` and ``MLCOMM_EXECUTOR``; ranks that outnumber cores
     yield the CPU sooner."""
-    executor = os.environ.get("MLCOMM_EXECUTOR", "compiled").strip().lower() or "compiled"
-    if executor not in ("compiled", "python"):
-        raise ValueError(f"MLCOMM_EXECUTOR={executor!r}: choose compiled or python")
+    executor = config.executor()
     return Settings(rank=rank,
-                    stall_seconds=_positive_seconds("MLCOMM_STALL_SECONDS",
-                                                    os.environ.get("MLCOMM_STALL_SECONDS"), 60.0),
-                    stall_abort=os.environ.get("MLCOMM_STALL_ABORT", "").strip() == "1",
+                    stall_seconds=config.stall_seconds(60.0),
+                    stall_abort=config.stall_abort(),
                     yield_mask=_polls(oversubscribed) - 1,
                     compiled=executor == "compiled")
 

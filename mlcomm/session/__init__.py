@@ -54,6 +54,7 @@ from mpi4py import MPI
 import numpy as np
 from numpy import ndarray
 
+from .. import config
 from ..algorithms import resolve
 from ..runtime.binding import Binding, buffer_key, settings_from_env
 from ..runtime.plan import make_plan, plan_key
@@ -76,13 +77,7 @@ _SLOTS_PER_PROCESS = 64
 
 def cache_bytes() -> int:
     """The bound on what the binding cache holds: ``MLCOMM_CACHE_BYTES`` or 256 MiB."""
-    raw = os.environ.get("MLCOMM_CACHE_BYTES", "").strip()
-    if not raw:
-        return CACHE_BYTES
-    if not raw.isdigit():
-        raise ValueError(f"MLCOMM_CACHE_BYTES={raw!r}: give a number of bytes, e.g. "
-                         f"{CACHE_BYTES} (the default, 256 MiB)")
-    return int(raw)
+    return config.cache_bytes(CACHE_BYTES)
 
 
 # --- the process-wide binding cache ------------------------------------------------------------
@@ -334,7 +329,7 @@ class Session:
         self.plan_misses += 1
         plan = make_plan(collective, algorithm, self.rank, self.size, count, dtype, op,
                          options, alias)
-        if self.rank == 0 and os.environ.get("MLCOMM_DEBUG") == "1":
+        if self.rank == 0 and config.debug():
             log.warning("mlcomm: new plan %s: %d steps, %d instructions, %d scratch elements",
                         plan.describe(), len(plan.schedule.steps),
                         len(plan.program.instructions), plan.schedule.scratch_count)
@@ -521,8 +516,7 @@ def _agreed_env(comm, leader):
     same on every rank; a ValueError naming the ranks that differ is raised on every rank.
     """
     from ..algorithms.shared_memory import DEFAULT_SLOT_BYTES
-    names = ("MLCOMM_ALGORITHM", "MLCOMM_RANKS_PER_NODE", "MLCOMM_SHM_BYTES")
-    mine = tuple(os.environ.get(n, "").strip() or None for n in names)
+    names, mine = config.AGREED, config.agreed_raw()
     everyone = comm.allgather((mine, leader))
     for i, name in enumerate(names):
         values = [e[0][i] for e in everyone]
@@ -539,22 +533,16 @@ def _agreed_env(comm, leader):
     if per_node is None:
         nodes = [tuple(r for r in range(size) if machines[r] == m) for m in sorted(set(machines))]
     else:
-        k = _positive("MLCOMM_RANKS_PER_NODE", per_node)
+        k = config.positive("MLCOMM_RANKS_PER_NODE", per_node)
         nodes = [tuple(range(a, min(a + k, size))) for a in range(0, size, k)]
         for node in nodes:
             if len({machines[r] for r in node}) > 1:
                 raise ValueError(f"MLCOMM_RANKS_PER_NODE={k} puts ranks {list(node)} in one "
                                  f"node, but they run on different machines; use a divisor "
                                  f"of the ranks per machine")
-    slot = DEFAULT_SLOT_BYTES if slot_bytes is None else _positive("MLCOMM_SHM_BYTES",
-                                                                    slot_bytes)
+    slot = DEFAULT_SLOT_BYTES if slot_bytes is None else config.positive("MLCOMM_SHM_BYTES",
+                                                                         slot_bytes)
     return algorithm, tuple(nodes), -(-slot // 64) * 64
-
-
-def _positive(name, raw) -> int:
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{name}={raw!r}: give a positive whole number")
-    return int(raw)
 
 
 def _delete(comm, keyval, session):

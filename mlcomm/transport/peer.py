@@ -24,6 +24,7 @@ from functools import lru_cache
 import numpy as np
 from numba import carray
 
+from .. import config
 from .cabi import call0, call6, i64_array_at, load_acquire
 from . import FAULT, PATHS, SINGLE_COPY, Transport, compile_calls
 
@@ -82,7 +83,7 @@ def probe(node) -> tuple:
     """``(pids, error)`` over the node communicator ``node`` (collective): each rank reads a
     word of its next local rank's memory; ``error`` is None when every read worked, else
     why single-copy reads are off on this node."""
-    off = os.environ.get("MLCOMM_SINGLE_COPY", "").strip() == "0"
+    off = not config.single_copy()
     if not off:
         _allow_readers()
     mine = np.array([os.getpid()], np.int64)
