@@ -25,7 +25,7 @@ from ..ir.schedule import (INPUT, OUTPUT, SCRATCH, TURN_BYTES, Region, Timeline,
 from ._common import elements
 from ._registry import register
 
-__all__ = ["build", "cost", "node_of", "Barriers", "exchange", "reduce_as_posted",
+__all__ = ["build", "cost", "node_of", "whole_node", "Barriers", "exchange", "reduce_as_posted",
            "await_addresses", "reduce_from_peers", "write_to_peers", "read_steps",
            "SMALL_BYTES", "CHUNK_BYTES", "SINGLE_COPY_BYTES", "READ_CHUNK_BYTES", "COPY",
            "DEFAULT_SLOT_BYTES"]
@@ -56,6 +56,16 @@ def node_of(rank: int, size: int, nodes) -> tuple:
         if rank in node:
             return tuple(node)
     raise ValueError(f"nodes={nodes!r} does not place rank {rank}")
+
+
+def whole_node(rank: int, size: int, nodes, what: str, instead: str) -> tuple:
+    """:func:`node_of`, which must hold every rank: else a ValueError saying that ``what``
+    needs one node, and to use ``instead``."""
+    node = node_of(rank, size, nodes)
+    if len(node) != size:
+        raise ValueError(f"{what} needs every rank on one node; this communicator spans "
+                         f"{len(nodes)} nodes: use {instead}")
+    return node
 
 
 class Barriers:
@@ -216,11 +226,7 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
     area); ``single_copy``: whether the node allows reads of a peer's memory (the session
     says), used from ``single_copy_bytes`` on.
     """
-    node = node_of(rank, size, nodes)
-    if len(node) != size:
-        raise ValueError(f"algorithm='shared_memory' needs every rank on one node; this "
-                         f"communicator spans {len(nodes)} nodes: use "
-                         f"algorithm='hierarchical'")
+    node = whole_node(rank, size, nodes, "algorithm='shared_memory'", "algorithm='hierarchical'")
     tl = Timeline(rank, size)
     whole, mine = Region(OUTPUT, 0, count), Region(INPUT, 0, count)
     if size == 1 or count == 0:
