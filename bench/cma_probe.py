@@ -38,7 +38,7 @@ from mpi4py import MPI
 
 import mlcomm.algorithms.shared_memory as shm
 from mlcomm.cli import parse_args
-from mlcomm.commands import size as parse_size
+from mlcomm.cli.args import size as parse_size
 from mlcomm.transport.peer import move
 
 

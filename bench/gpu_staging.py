@@ -23,9 +23,9 @@ import numpy as np
 from mpi4py import MPI
 
 import mlcomm
-from mlcomm import gpu
+from mlcomm.buffers import gpu
 from mlcomm.cli import parse_args
-from mlcomm.commands import size as parse_size
+from mlcomm.cli.args import size as parse_size
 
 
 def _median_us(comm, fn, iters):

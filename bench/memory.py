@@ -241,7 +241,7 @@ def main() -> int:
     parser.add_argument("--freed", action="store_true",
                         help="measure the cache bound instead (P = 2 unless -p says)")
     args = parse_args(parser)
-    from mlcomm.benchmark.harness import parse_size
+    from mlcomm.units import parse_size
     args.bytes = parse_size(args.size)
     if args.worker:
         return freed_worker(args) if args.freed else worker(args)

@@ -49,7 +49,7 @@ CONTESTANTS = ("mlcomm iallreduce", "mlcomm start()", "MPI_Iallreduce",
 
 def _parser():
     from mlcomm.benchmark.cli import positive_int
-    from mlcomm.benchmark.harness import parse_size
+    from mlcomm.units import parse_size
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", choices=("allreduce", "ddp", "both"), default="both")
@@ -219,7 +219,7 @@ def ddp_part(comm, hidden, batch, bucket_mb, rounds) -> dict:
 
 
 def format_tables(rec) -> str:
-    from mlcomm.benchmark.harness import format_size
+    from mlcomm.units import format_size
 
     lines = []
     if rec.get("allreduce"):

@@ -38,7 +38,7 @@ DEFAULT_ALGORITHMS = ("recursive_halving_doubling", "ring", "parameter_server",
 
 def _parser():
     from mlcomm.benchmark.cli import positive_int
-    from mlcomm.benchmark.harness import parse_size
+    from mlcomm.units import parse_size
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("-s", "--size", type=parse_size, default=16 << 20,
@@ -63,7 +63,7 @@ def _stripped(schedule, keep_transfers):
 def _bound(comm, schedule, send, recv):
     """A no-argument call running ``schedule`` through the real loops on these buffers."""
     from mlcomm import session
-    from mlcomm.plan import plan_for_schedule
+    from mlcomm.runtime.plan import plan_for_schedule
 
     plan = plan_for_schedule(schedule, send.dtype, "sum")
     return session.get(comm).own_binding(plan, send, recv).run
@@ -136,7 +136,7 @@ def profile(comm, args) -> dict | None:
 
 
 def format_table(rec) -> str:
-    from mlcomm.benchmark.harness import format_size
+    from mlcomm.units import format_size
 
     t = rec["time_us"]
     rows = [(name, t[name]) for name in ("mpi", "copy", "sendrecv")]
@@ -158,7 +158,7 @@ def format_table(rec) -> str:
 def main(argv=None) -> int:
     from mpi4py import MPI
 
-    from mlcomm.benchmark.harness import format_size
+    from mlcomm.units import format_size
 
     from mlcomm.cli import parse_args
 

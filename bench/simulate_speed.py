@@ -15,7 +15,7 @@ import argparse
 import time
 
 from mlcomm.cli import parse_args
-from mlcomm.commands import add_algorithms, positive_int, size
+from mlcomm.cli.args import add_algorithms, positive_int, size
 
 
 def main():

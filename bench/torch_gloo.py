@@ -46,7 +46,7 @@ TARGETS = {"all_reduce float32 8": 0.05, "all_reduce float32 16M": 0.4, "DDP ste
 
 def _parser():
     from mlcomm.benchmark.cli import positive_int
-    from mlcomm.benchmark.harness import parse_size
+    from mlcomm.units import parse_size
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backend", choices=BACKENDS, help="one job: the backend to time")
@@ -73,7 +73,8 @@ def measure(args) -> dict | None:
     from mpi4py import MPI
 
     import mlcomm.torch  # noqa: F401 - the backend, and gloo's peers from MPI
-    from mlcomm.benchmark.harness import format_size, interleaved
+    from mlcomm.benchmark.harness import interleaved
+    from mlcomm.units import format_size
     from mlcomm.trainer.torch_bsp import TorchModel
 
     comm = MPI.COMM_WORLD

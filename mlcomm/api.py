@@ -5,19 +5,19 @@ Every argument error is raised here, before any message is sent.
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache, partial
 
 import numpy as np
 from mpi4py import MPI
 
-from . import device, gpu, kernels, staging, tensors
+from . import config, kernels
 from .algorithms import AUTO, COLLECTIVES, MPI_NATIVE
-from .device import DeviceVector
-from .select import agreed_choice, plan_for, requested
-from .progress import Request
+from .buffers import device, gpu, staging, tensors
+from .buffers.device import DeviceVector
+from .runtime.progress import Request
 from .session import MISS, SLOTS, Slot, bound_call, remembers, slot_key
 from .session import get as session_of
+from .session.auto import agreed_choice, plan_for, requested
 from .transport.mpi import op_name
 from .transport.native import native_call, native_dtype_ok, supports
 
@@ -97,7 +97,7 @@ def _validate_across_ranks(session, signature, error):
 
 
 #: MLCOMM_VALIDATE=1 checks every call across ranks (read once, at import)
-_VALIDATE = os.environ.get("MLCOMM_VALIDATE") == "1"
+_VALIDATE = config.validate()
 
 
 def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):

@@ -14,7 +14,8 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
-from . import api, gpu, kernels
+from . import api, kernels
+from .buffers import gpu
 from .algorithms import AUTO, COLLECTIVES, resolve
 from .session import get as session_of
 from .transport.mpi import op_name

@@ -32,8 +32,9 @@ import numpy as np
 from mpi4py import MPI
 
 import mlcomm
-from mlcomm import ALGORITHMS, COLLECTIVES, api, gpu, kernels, session, staging
-from mlcomm.binding import DeviceMemory
+from mlcomm import ALGORITHMS, COLLECTIVES, api, kernels, session
+from mlcomm.buffers import gpu, staging
+from mlcomm.runtime.binding import DeviceMemory
 from mlcomm.cli import abort_on_error
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

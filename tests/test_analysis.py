@@ -13,8 +13,8 @@ from mlcomm.algorithms import ALGORITHMS, build_schedules
 from mlcomm.analysis import KEYS, Network, analyze, compile_schedules, schedule_metrics, simulate
 from mlcomm.analysis.draw import trace
 from mlcomm.analysis.simulator import critical_path
-from mlcomm.profile import Profile, load_profile
-from mlcomm.schedule import INPUT, OUTPUT, SCRATCH, Await, Copy, Post, Recv, Reduce, Region, \
+from mlcomm.model.machine import Profile, load_profile
+from mlcomm.ir.schedule import INPUT, OUTPUT, SCRATCH, Await, Copy, Post, Recv, Reduce, Region, \
     Schedule, Send, Step, slot
 
 from conftest import ROOT, mpirun
@@ -273,8 +273,8 @@ def test_simulate_cli_switches_to_closed_forms(tmp_path):
 # --- auto, explain, draw, calibrate -------------------------------------------------
 
 def test_auto_follows_the_profile(tmp_path, monkeypatch):
-    from mlcomm.profile import save_profile
-    from mlcomm.select import auto_choice, explain
+    from mlcomm.model.machine import save_profile
+    from mlcomm.session.auto import auto_choice, explain
     path = tmp_path / "profile.json"
     monkeypatch.setenv("MLCOMM_PROFILE", str(path))
     save_profile(Profile(alpha=1e-3, beta=1e-12, gamma=1e-12), path)
@@ -325,7 +325,7 @@ _AUTO_SCRIPT = """
 import numpy as np
 from mpi4py import MPI
 import mlcomm
-from mlcomm.select import explain
+from mlcomm.session.auto import explain
 comm = MPI.COMM_WORLD
 x = np.arange(5000, dtype=np.float64) * (comm.Get_rank() + 1)
 want = np.empty_like(x)
@@ -338,8 +338,8 @@ if comm.Get_rank() == 0:
 
 
 def test_tuned_choices_win_over_the_model_for_their_rank_count(tmp_path, monkeypatch):
-    from mlcomm.profile import save_profile
-    from mlcomm.select import explain
+    from mlcomm.model.machine import save_profile
+    from mlcomm.session.auto import explain
     table = [[8, "naive"], [1024, "ring"], [1 << 20, "single_master"]]
     prof = Profile(alpha=1e-3, beta=1e-12, gamma=1e-12, tuned={"4": table})
     # the tuned size nearest on a log scale: 100 B is nearer 1 KiB than 8 B
@@ -368,8 +368,8 @@ def test_a_tuned_choice_with_variants_has_them_timed(tmp_path, monkeypatch):
     copy or through the window, which wins depending on the machine), the first call of a
     band times those alone; elsewhere the tuned name stands untimed."""
     import numpy as np
-    from mlcomm.profile import save_profile
-    from mlcomm.select import WINDOW_ONLY, _propose
+    from mlcomm.model.machine import save_profile
+    from mlcomm.session.auto import WINDOW_ONLY, _propose
     table = [[8, "shared_memory"], [1 << 20, "shared_memory"], [16 << 20, "ring"]]
     monkeypatch.setenv("MLCOMM_PROFILE", str(save_profile(Profile(tuned={"2": table}),
                                                           tmp_path / "p.json")))
@@ -389,7 +389,7 @@ def test_the_library_is_one_of_the_trials_candidates(monkeypatch):
     mlcomm's algorithms, where the library can reduce the dtype with the op."""
     import numpy as np
     from mlcomm.kernels import BFLOAT16
-    from mlcomm.select import BLOCKING, _propose
+    from mlcomm.session.auto import BLOCKING, _propose
     monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
     monkeypatch.delenv("MLCOMM_AUTO", raising=False)
     for dtype, op, library in ((np.float32, "sum", True), (np.int8, "bxor", True),
@@ -405,7 +405,7 @@ def test_a_variant_must_win_by_the_margin():
     """The trial keeps an algorithm's defaults unless a variant (shared_memory through its
     window) is faster by VARIANT_MARGIN; among defaults a near-tie goes to the model's
     favourite, the first entry."""
-    from mlcomm.select import TRIAL_TIE, VARIANT_MARGIN, WINDOW_ONLY, trial_pick
+    from mlcomm.session.auto import TRIAL_TIE, VARIANT_MARGIN, WINDOW_ONLY, trial_pick
     options = [(), WINDOW_ONLY, ()]
     within = 1 / VARIANT_MARGIN * 1.01
     assert trial_pick(options, [1.0, within, 1.2]) == 0
@@ -496,7 +496,7 @@ def test_analyze_several_ranks_and_sizes_and_options():
 
 
 def test_explain_compares_with_the_fastest_and_marks_a_tuned_pick(tmp_path, monkeypatch):
-    from mlcomm.profile import save_profile
+    from mlcomm.model.machine import save_profile
     path = save_profile(Profile(tuned={"8": [[1 << 20, "single_master"]]}), tmp_path / "p.json")
     out = _cli("explain", "-p", 8, "-s", "1M", "--profile", path)
     table = out.splitlines()[2:12]   # the 7 flat algorithms, shared_memory, hierarchical

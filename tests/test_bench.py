@@ -3,16 +3,19 @@
 import csv
 import io
 import json
+from pathlib import Path
 
 import pytest
 
-from mlcomm.benchmark.harness import (EXTRA_KEYS, RECORD_KEYS, band_summary, default_iters,
-                                      parse_size, size_list)
+from mlcomm.benchmark.harness import EXTRA_KEYS, RECORD_KEYS, band_summary, default_iters, size_list
 from mlcomm.benchmark.report import format_csv, format_json, format_kernels, format_table
+from mlcomm.units import parse_size
 
 from conftest import mpirun
 
 BENCH = ["-m", "mlcomm", "bench", "--no-progress"]
+#: runs a command with a fault injected (tests/faults/inject.py)
+INJECT = str(Path(__file__).parent / "faults" / "inject.py")
 FAST = ["--min-bytes", "8", "--max-bytes", "4K", "--factor", "8", "--iters", "3",
         "--warmup", "1"]
 
@@ -55,7 +58,7 @@ def test_rounds_shuffle_places_and_neighbours_alike_on_every_rank():
     """Each round runs every algorithm once, in an order that depends only on the round (so
     every rank makes the same calls); over the rounds an algorithm changes its place and
     the algorithm before it, which a rotation would keep."""
-    from mlcomm.select import round_order
+    from mlcomm.session.auto import round_order
     names = ["mpi"] + sorted(_algorithms() - {"mpi"})
     orders = [round_order(names, k) for k in range(5)]
     assert all(sorted(o) == sorted(names) for o in orders)
@@ -68,7 +71,7 @@ def test_rounds_shuffle_places_and_neighbours_alike_on_every_rank():
 def test_each_timed_block_follows_an_untimed_call_of_its_own():
     """Steady state: no timed block starts cold after another algorithm's block."""
     from mlcomm.benchmark.harness import interleaved
-    from mlcomm.select import round_order
+    from mlcomm.session.auto import round_order
     events = []
 
     class Comm:
@@ -166,7 +169,7 @@ def test_model_lines_only_with_a_calibrated_profile(tmp_path, monkeypatch):
     from mlcomm.benchmark.plot import model_times, plot_sweep
     monkeypatch.setenv("MLCOMM_PROFILE", str(tmp_path / "missing.json"))
     assert model_times(["mpi", "ring"], 4, [8, 1024]) is None     # built-in defaults: no model
-    from mlcomm.profile import Profile, save_profile               # as mlcomm tune alone writes it
+    from mlcomm.model.machine import Profile, save_profile  # as mlcomm tune alone writes it
     tuned_only = save_profile(Profile(tuned={"4": [[8, "naive"]]}), tmp_path / "tuned.json")
     monkeypatch.setenv("MLCOMM_PROFILE", str(tuned_only))
     assert model_times(["mpi", "ring"], 4, [8, 1024]) is None
@@ -223,19 +226,18 @@ def test_bench_csv_both_placements_n3():
     assert {(r["rounds"], r["iters"]) for r in rows} == {("2", "4")}  # 3 calls: 2 per round
 
 
-@pytest.mark.parametrize("nprocs, dtype, op, target", [
+@pytest.mark.parametrize("nprocs, dtype, op, corrupted", [
     (3, "float32", "sum", "ring"),            # tolerance path, MPI baseline
-    (2, "int64", "bxor", "1"),                # exact path, first non-mpi algorithm
+    (2, "int64", "bxor", "ring"),             # exact path
     (3, "bfloat16", "avg", "recursive_halving_doubling"),  # local reference (MPI cannot)
 ])
-def test_check_catches_corrupted_result(nprocs, dtype, op, target):
+def test_check_catches_corrupted_result(nprocs, dtype, op, corrupted):
     algs = "ring,recursive_halving_doubling"
-    proc = mpirun(nprocs, BENCH + FAST + ["--algorithms", algs, "--dtype", dtype, "--op", op,
-                                          "--check", "--format", "json"],
-                  env={"MLCOMM_BENCH_CORRUPT": target}, timeout=240, check=False)
+    proc = mpirun(nprocs, [INJECT, f"bench-corrupt={corrupted}", "--", *BENCH, *FAST,
+                           "--algorithms", algs, "--dtype", dtype, "--op", op,
+                           "--check", "--format", "json"], timeout=240, check=False)
     assert proc.returncode != 0, proc.stdout + proc.stderr    # a failed check fails the run
     data = json.loads(proc.stdout)
-    corrupted = "ring" if target == "1" else target
     baseline = {d["baseline"] for d in data}
     assert baseline == {{"float32": "MPI_Allreduce(float32, MPI_SUM)",
                          "int64": "MPI_Allreduce(int64, MPI_BXOR)",
@@ -291,7 +293,7 @@ def test_bench_options_go_to_the_algorithms_that_take_them_n2(tmp_path):
 def test_bench_says_what_auto_ran_n2(tmp_path, monkeypatch):
     """auto's record and table row name the algorithm it ran at each size (with
     MLCOMM_AUTO=model, the cost model's choice)."""
-    from mlcomm.select import auto_choice
+    from mlcomm.session.auto import auto_choice
     env = {"MLCOMM_AUTO": "model", "MLCOMM_PROFILE": str(tmp_path / "none.json")}
     for key, value in env.items():
         monkeypatch.setenv(key, value)

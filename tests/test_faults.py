@@ -309,14 +309,14 @@ def test_a_rank_killed_in_a_window_collective_ends_the_job(tmp_path, name, count
                                        ("MLCOMM_STALL_SECONDS", "-1"),
                                        ("MLCOMM_EXECUTOR", "gpu")])
 def test_bad_loop_settings_name_the_variable(monkeypatch, name, raw):
-    from mlcomm.binding import settings_from_env
+    from mlcomm.runtime.binding import settings_from_env
     monkeypatch.setenv(name, raw)
     with pytest.raises(ValueError, match=name):
         settings_from_env(0, oversubscribed=False)
 
 
 def test_polls_before_yield(monkeypatch):
-    from mlcomm.binding import settings_from_env
+    from mlcomm.runtime.binding import settings_from_env
     assert settings_from_env(0, oversubscribed=True).yield_mask == 1
     assert settings_from_env(0, oversubscribed=False).yield_mask == 1023
     monkeypatch.setenv("MLCOMM_POLLS_BEFORE_YIELD", "64")

@@ -24,7 +24,7 @@ SIM = {"NUMBA_ENABLE_CUDASIM": "1"}
 
 @pytest.fixture
 def gpu(monkeypatch):
-    from mlcomm import gpu as module
+    from mlcomm.buffers import gpu as module
     monkeypatch.delenv("MLCOMM_CUDA_AWARE", raising=False)
     module._reset()
     yield module
@@ -63,7 +63,7 @@ def test_device_arrays_direct_cuda_aware_mpiexec_3_simulator():
 # --- the staging pipeline --------------------------------------------------------------------
 
 def test_pipeline_starts_next_copy_in_before_running_a_chunk():
-    from mlcomm import staging
+    from mlcomm.buffers import staging
     log = []
 
     class Event:
@@ -88,7 +88,7 @@ def test_pipeline_starts_next_copy_in_before_running_a_chunk():
 
 
 def test_chunks_follow_the_environment(monkeypatch):
-    from mlcomm import staging
+    from mlcomm.buffers import staging
     monkeypatch.delenv("MLCOMM_STAGING_CHUNK_BYTES", raising=False)
     assert staging.chunk_bytes() == staging.CHUNK_BYTES == 4 << 20
     assert staging._chunks(3 << 20, 4, whole=False) == [(0, 1 << 20), (1 << 20, 2 << 20),
@@ -236,7 +236,7 @@ import numpy as np
 from numba import cuda
 from mpi4py import MPI
 import mlcomm
-from mlcomm import device, gpu, staging
+from mlcomm.buffers import device, gpu, staging
 
 assert gpu.simulator()
 a = cuda.to_device(np.arange(6, dtype=np.float32))

@@ -1,4 +1,9 @@
-"""Imports flow one way: every import inside mlcomm matches the layer table in docs/design."""
+"""Imports flow one way: every import inside mlcomm matches the layer table in docs/design.
+
+The table names packages and modules (its entries); a module belongs to the entry that is its
+longest prefix. Imports go down or stay in a layer, the bottom layer's entries import nothing
+of mlcomm but themselves, the top application layer's entries import none of each other, and
+no import cycle closes, between entries of a layer or between modules."""
 
 import ast
 import re
@@ -21,16 +26,61 @@ def layers() -> dict:
     return out
 
 
-def level(module: str, table: dict) -> int:
-    """The level of ``module``: its longest prefix in the table."""
+def entry(module: str, table: dict) -> str:
+    """The table entry ``module`` belongs to: its longest prefix in the table."""
     parts = module.split(".")
     if module == "mlcomm":
-        return table[module]
+        return module
     for k in range(len(parts), 1, -1):  # the root's layer is the root's alone
         name = ".".join(parts[:k])
         if name in table:
-            return table[name]
+            return name
     raise AssertionError(f"{module} is in no layer of docs/design.rst")
+
+
+def level(module: str, table: dict) -> int:
+    """The level of ``module``: its entry's."""
+    return table[entry(module, table)]
+
+
+def graph() -> dict:
+    """``{module: {(imported module, path, line), ...}}`` over the whole package."""
+    out = {}
+    for module, is_package, path in modules():
+        out[module] = {(target, path.relative_to(ROOT), line)
+                       for target, line in imports(module, is_package, path) if target != module}
+    return out
+
+
+def cycles(edges: dict) -> list:
+    """The strongly connected components of more than one node of ``{node: {node, ...}}``."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
 
 
 def modules():
@@ -86,6 +136,44 @@ def test_every_module_has_a_layer_and_imports_go_down():
                 upward.append(f"{path.relative_to(ROOT)}:{line}: {module} (layer {mine}) "
                               f"imports {target} (layer {theirs})")
     assert not upward, "imports that go up:\n" + "\n".join(upward)
+
+
+def test_the_bottom_layer_imports_nothing_of_mlcomm():
+    table = layers()
+    bottom = min(table.values())
+    found = [f"{path}:{line}: {module} imports {target}"
+             for module, targets in graph().items() if level(module, table) == bottom
+             for target, path, line in targets if entry(target, table) != entry(module, table)]
+    assert not found, "imports out of the bottom layer:\n" + "\n".join(found)
+
+
+def test_no_application_imports_another():
+    table = layers()
+    apps = max(v for k, v in table.items() if table[k] < table["mlcomm"])
+    found = [f"{path}:{line}: {module} imports {target}"
+             for module, targets in graph().items() if level(module, table) == apps
+             for target, path, line in targets
+             if level(target, table) == apps and entry(target, table) != entry(module, table)]
+    assert not found, "applications that import one another:\n" + "\n".join(found)
+
+
+def test_no_import_cycles():
+    """Between modules anywhere, and between the entries of one layer."""
+    table = layers()
+    edges = {m: {t for t, _, _ in targets} for m, targets in graph().items()}
+    assert not cycles(edges), f"modules that import one another: {cycles(edges)}"
+    between = {}
+    for module, targets in edges.items():
+        for target in targets:
+            a, b = entry(module, table), entry(target, table)
+            if a != b and table[a] == table[b]:
+                between.setdefault(a, set()).add(b)
+    assert not cycles(between), f"entries of one layer that import one another: {cycles(between)}"
+
+
+def test_the_cycle_finder_sees_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
 
 
 def test_nothing_inside_imports_the_package_root():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mlcomm.program import OUTPUT, Fetch
+from mlcomm.ir.program import OUTPUT, Fetch
 from mlcomm.transport import FAULT
 from mlcomm.transport.peer import PeerCopies, probe
 from mlcomm.transport.shm import ADDRESSES

@@ -8,8 +8,8 @@ from hypothesis import given, settings, strategies as st
 
 from mlcomm.algorithms import ALGORITHMS, COLLECTIVES, build_schedules
 from mlcomm.algorithms._pieces import binary_tree
-from mlcomm.local import ScheduleError, check_collective
-from mlcomm.schedule import TURN_BYTES, Recv
+from mlcomm.ir.local import ScheduleError, check_collective
+from mlcomm.ir.schedule import TURN_BYTES, Recv
 
 HAND_WRITTEN = sorted(name for name, a in ALGORITHMS.items() if a.hand_written)
 FLAT = [name for name in HAND_WRITTEN if not ALGORITHMS[name].context]
@@ -163,7 +163,7 @@ def _schedules_without(name, p, count, drop):
 
 
 def test_the_local_executor_finds_window_races():
-    from mlcomm.schedule import Await, Post
+    from mlcomm.ir.schedule import Await, Post
     # no wait for the peers' posts: a slot is read before its owner's write is visible
     with pytest.raises(ScheduleError, match="before an await has made its write visible"):
         check_collective(_schedules_without("shared_memory", 3, 10,
@@ -205,8 +205,8 @@ def test_the_local_executor_finds_window_races():
 def test_a_turn_must_await_every_peer():
     """A collective with turns writes its turn area without waiting for the previous one's
     readers; it is safe only if each rank awaits a post of every peer in each turn."""
-    from mlcomm.local import run_local
-    from mlcomm.schedule import Await, Copy, Post, Region, Schedule, Step, slot
+    from mlcomm.ir.local import run_local
+    from mlcomm.ir.schedule import Await, Copy, Post, Region, Schedule, Step, slot
 
     def schedule(rank, reads):
         steps = [Step([Await(rank, 0)], [Copy(Region(slot(rank), 0, 1), Region("input", 0, 1))]),
@@ -258,7 +258,7 @@ def test_hierarchical_single_copy_exact(p, monkeypatch):
 def test_the_local_executor_finds_single_copy_races():
     """Reads of the peers' inputs and writes into their outputs are ordered by the post
     that publishes the addresses (1) and by the last barrier (2)."""
-    from mlcomm.schedule import Await
+    from mlcomm.ir.schedule import Await
 
     def without(count):
         schedules = build_schedules("shared_memory", 3, 30, single_copy=True,
@@ -282,7 +282,7 @@ def test_the_local_executor_finds_a_peer_write_the_last_barrier_does_not_cover(m
     """Parts reduced in chunks, each written into every peer's output: writes made after the
     last barrier's post are not seen by the peers before they return."""
     import mlcomm.algorithms.shared_memory as shm
-    from mlcomm.schedule import peer_of
+    from mlcomm.ir.schedule import peer_of
     monkeypatch.setattr(shm, "READ_CHUNK_BYTES", 16)  # parts of 10 doubles in 5 chunks
     schedules = build_schedules("shared_memory", 3, 30, single_copy=True, single_copy_bytes=8)
     check_collective(schedules)
@@ -301,8 +301,8 @@ def _peer_write_schedules(case, in_place=False):
     """Two ranks of one node publish their addresses (post 1), await each other's and end
     with a barrier (post 2); rank 0 writes the first half of rank 1's output, rank 1 the
     rest; ``case`` adds one mistake."""
-    from mlcomm.local import run_local
-    from mlcomm.schedule import INPUT, OUTPUT, SCRATCH, Region, Timeline, peer
+    from mlcomm.ir.local import run_local
+    from mlcomm.ir.schedule import INPUT, OUTPUT, SCRATCH, Region, Timeline, peer
     schedules = []
     for r in range(2):
         tl = Timeline(r, 2)

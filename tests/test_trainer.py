@@ -2,11 +2,15 @@
 
 import json
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import mpirun
+
+#: runs a command with a fault injected (tests/faults/inject.py)
+INJECT = str(Path(__file__).parent / "faults" / "inject.py")
 
 PRELUDE = """
 import sys
@@ -183,11 +187,12 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path):
     run = _script(tmp_path, RUN_BODY, "run.py")
     crashed, termed = tmp_path / "crash.npz", tmp_path / "term.npz"
     # a hard kill at step 13 keeps the step-10 checkpoint
-    proc = mpirun(3, [run, crashed], env={"MLCOMM_TRAIN_CRASH_AT": "13"}, check=False, timeout=60)
+    proc = mpirun(3, [INJECT, "train-crash-at=13", "--", run, crashed], check=False,
+                  timeout=60)
     assert proc.returncode != 0
     assert load(crashed)[1]["step"] == 10
     # SIGTERM (Slurm's preemption signal) on the last rank before step 7: all stop after it
-    proc = mpirun(3, [run, termed], env={"MLCOMM_TRAIN_SIGTERM_AT": "7"}, timeout=60)
+    proc = mpirun(3, [INJECT, "train-sigterm-at=7", "--", run, termed], timeout=60)
     assert "STOPPED=True STEP=8" in proc.stdout, proc.stdout
     assert load(termed)[1]["step"] == 8
     assert not list(tmp_path.glob("*.tmp.*"))
@@ -195,7 +200,7 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path):
     assert proc.stdout.count("OK resumed") == 2, proc.stdout
     # SSP (s=1) stops on SIGTERM at a common clock and resumes to the end
     ssp = tmp_path / "ssp.npz"
-    proc = mpirun(3, [run, ssp, "ssp"], env={"MLCOMM_TRAIN_SIGTERM_AT": "7"}, timeout=60)
+    proc = mpirun(3, [INJECT, "train-sigterm-at=7", "--", run, ssp, "ssp"], timeout=60)
     assert "STOPPED=True" in proc.stdout, proc.stdout
     proc = mpirun(3, ["-m", "mlcomm.cli", "train", "--sync", "ssp", "--staleness", "1",
                       "--compress", "topk:0.1", "--steps", "30", "--checkpoint", ssp, "--resume",
@@ -291,7 +296,8 @@ def test_async_checkpoint_every_n_and_resume(tmp_path):
     script = _script(tmp_path, ASYNC_CKPT_BODY)
     ck = tmp_path / "async.npz"
     # server 0 aborts the job at update 45: the checkpoint of the cut after update 40 stays
-    proc = mpirun(3, [script, ck, 60], env={"MLCOMM_TRAIN_CRASH_AT": "45"}, check=False, timeout=60)
+    proc = mpirun(3, [INJECT, "train-crash-at=45", "--", script, ck, 60], check=False,
+                  timeout=60)
     assert proc.returncode != 0
     arrays, meta = load(ck)
     saved = meta["step"]

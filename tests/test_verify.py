@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from mlcomm import verify as v
+from mlcomm.benchmark import verify as v
 
 from conftest import mpirun
 
@@ -156,7 +156,7 @@ _JOB = """
 import sys
 import numpy as np
 from mpi4py import MPI
-import mlcomm.verify as v
+import mlcomm.benchmark.verify as v
 from mlcomm.cli import main
 rank = MPI.COMM_WORLD.Get_rank()
 {patch}
@@ -230,7 +230,7 @@ def test_one_wrong_rank_fails_every_rank_and_never_hangs(tmp_path):
 
 
 _EVERY_RANK = """
-from mlcomm.verify import verify
+from mlcomm.benchmark.verify import verify
 report = verify(MPI.COMM_WORLD, ["ring"], ["int64"], ["max"], counts=[5, 1000])
 row = report.rows[0]
 print(f"rank {rank}: {row.status} {row.failures}/{row.cases} status {report.status}")

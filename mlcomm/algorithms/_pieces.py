@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ..schedule import INPUT, OUTPUT, SCRATCH, Region, Timeline
+from ..ir.schedule import INPUT, OUTPUT, SCRATCH, Region, Timeline
 
 __all__ = [
     "segments", "gather_reduce", "scatter_results",

@@ -1,6 +1,6 @@
 """Reduce-scatter, all-gather, broadcast and reduce, built from the all-reduce pieces."""
 
-from ..schedule import INPUT, OUTPUT, SCRATCH, Region, Timeline
+from ..ir.schedule import INPUT, OUTPUT, SCRATCH, Region, Timeline
 from ._common import check_int, elements, log2ceil
 from ._pieces import binary_tree, ring_allgather, ring_reduce_scatter, tree_bcast, tree_reduce
 from ._registry import register

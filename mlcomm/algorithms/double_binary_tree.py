@@ -1,6 +1,6 @@
 """Double binary tree all-reduce (as in NCCL): two complementary trees, half the vector each."""
 
-from ..schedule import INPUT, OUTPUT, Region, Timeline
+from ..ir.schedule import INPUT, OUTPUT, Region, Timeline
 from ._common import elements, log2ceil
 from ._pieces import binary_tree, tree_bcast, tree_reduce
 from ._registry import register

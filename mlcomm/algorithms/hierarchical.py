@@ -18,8 +18,8 @@ finished with its buffers. A vector under two ``part_bytes`` is one part.
 
 from __future__ import annotations
 
-from ..schedule import INPUT, OUTPUT, SCRATCH, Copy, Recv, Reduce, Region, Send, Timeline, \
-    chunk_bounds, slot
+from ..ir.schedule import (INPUT, OUTPUT, SCRATCH, Copy, Recv, Reduce, Region, Send, Timeline,
+    chunk_bounds, slot)
 from ._common import elements
 from ._registry import COLLECTIVES, register
 from .shared_memory import COPY, DEFAULT_SLOT_BYTES, SINGLE_COPY_BYTES, Barriers, \

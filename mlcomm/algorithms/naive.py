@@ -1,6 +1,6 @@
 """Naive all-reduce: every rank sends its whole vector to every other rank."""
 
-from ..schedule import Timeline
+from ..ir.schedule import Timeline
 from ._pieces import gather_reduce
 from ._registry import register
 

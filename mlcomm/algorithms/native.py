@@ -2,7 +2,7 @@
 
 import gc
 
-from ..schedule import INPUT, OUTPUT, Collective, Region, Schedule, Step
+from ..ir.schedule import INPUT, OUTPUT, Collective, Region, Schedule, Step
 from ._registry import COLLECTIVES, register
 from .recursive_doubling import cost as _rd_cost
 from .recursive_halving_doubling import cost as _rhd_cost

@@ -1,6 +1,6 @@
 """Parameter-server all-reduce: the vector is sharded over K server ranks."""
 
-from ..schedule import Timeline, chunk_bounds
+from ..ir.schedule import Timeline, chunk_bounds
 from ._common import check_int
 from ._pieces import gather_reduce, scatter_results
 from ._registry import register

@@ -1,6 +1,6 @@
 """Recursive doubling all-reduce: latency-optimal, log2 p rounds of whole-vector exchange."""
 
-from ..schedule import OUTPUT, SCRATCH, Region, Timeline
+from ..ir.schedule import OUTPUT, SCRATCH, Region, Timeline
 from ._pieces import fold, real_rank, unfold
 from ._registry import register
 

@@ -1,6 +1,6 @@
 """Rabenseifner's all-reduce: recursive-halving reduce-scatter, recursive-doubling all-gather."""
 
-from ..schedule import OUTPUT, SCRATCH, Region, Timeline, chunk_bounds
+from ..ir.schedule import OUTPUT, SCRATCH, Region, Timeline, chunk_bounds
 from ._pieces import fold, real_rank, unfold
 from ._registry import register
 from .recursive_doubling import fold_cost

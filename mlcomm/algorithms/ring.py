@@ -1,6 +1,6 @@
 """Ring all-reduce: reduce-scatter then all-gather around a ring."""
 
-from ..schedule import Timeline, chunk_bounds
+from ..ir.schedule import Timeline, chunk_bounds
 from ._common import elements
 from ._pieces import ring_allgather, ring_reduce_scatter
 from ._registry import register

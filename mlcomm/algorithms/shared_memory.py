@@ -2,7 +2,7 @@
 
 Small vectors are written once and read by all: each rank copies its vector into its slot,
 one node barrier, then every rank reduces every slot in local-rank order (so every rank
-gets the same bits). Up to :data:`mlcomm.schedule.TURN_BYTES` the slot is one of the
+gets the same bits). Up to :data:`mlcomm.ir.schedule.TURN_BYTES` the slot is one of the
 window's two turn areas, taken in turn, so a rank writes it without waiting for its peers
 to finish reading the previous collective (``Schedule.turns``). Larger vectors go in chunks
 of at most half a slot: each chunk is reduce-scattered (local rank j reduces part j of
@@ -20,12 +20,12 @@ it writes its slot again.
 
 from __future__ import annotations
 
-from ..schedule import (INPUT, OUTPUT, SCRATCH, TURN_BYTES, Region, Timeline, chunk_bounds,
-                        peer, slot)
+from ..ir.schedule import (INPUT, OUTPUT, SCRATCH, TURN_BYTES, Region, Timeline, chunk_bounds, peer,
+    slot)
 from ._common import elements
 from ._registry import register
 
-__all__ = ["build", "cost", "node_of", "Barriers", "exchange", "reduce_as_posted",
+__all__ = ["build", "cost", "node_of", "whole_node", "Barriers", "exchange", "reduce_as_posted",
            "await_addresses", "reduce_from_peers", "write_to_peers", "read_steps",
            "SMALL_BYTES", "CHUNK_BYTES", "SINGLE_COPY_BYTES", "READ_CHUNK_BYTES", "COPY",
            "DEFAULT_SLOT_BYTES"]
@@ -35,16 +35,13 @@ SMALL_BYTES = 16 << 10
 #: each rank's window slot when the communicator does not say (``MLCOMM_SHM_BYTES``)
 DEFAULT_SLOT_BYTES = 4 << 20
 #: the pipeline's chunk when the call does not say: small enough that a chunk's window
-#: traffic stays in cache, large enough that its synchronisations are few (measured on
-#: 2 cores at 2 and 4 ranks, 16 MiB: 512 KiB to 1 MiB best)
+#: traffic stays in cache, large enough that its synchronisations are few
 CHUNK_BYTES = 512 << 10
 #: vectors from this many bytes read their peers' inputs and write their outputs in place of
-#: the window's copies, where the node allows it (on 2 cores at P = 2 and 4, without a shared
-#: cache: 64 KiB to 4 MiB 0.15-0.35 of MPI_Allreduce against the window's 0.46-0.89)
+#: the window's copies, where the node allows it
 SINGLE_COPY_BYTES = 64 << 10
-#: a single-copy reduce-scatter reads a peer's part this much at a time into scratch (P = 2,
-#: 16 MiB on 2 cores: 512 KiB faster than 256 KiB in 8 of 9 alternated jobs, by 9-13 % on
-#: average; 64 and 128 KiB slower, 1 MiB no faster; bench/cma_probe.py --read-chunk)
+#: a single-copy reduce-scatter reads a peer's part this much at a time into scratch
+#: (``bench/cma_probe.py --read-chunk`` times other sizes)
 READ_CHUNK_BYTES = 512 << 10
 #: a copy through the window, per byte, as a fraction of beta: a message through MPI's
 #: shared memory is two copies (into a shared cell and out), the window's one
@@ -59,6 +56,16 @@ def node_of(rank: int, size: int, nodes) -> tuple:
         if rank in node:
             return tuple(node)
     raise ValueError(f"nodes={nodes!r} does not place rank {rank}")
+
+
+def whole_node(rank: int, size: int, nodes, what: str, instead: str) -> tuple:
+    """:func:`node_of`, which must hold every rank: else a ValueError saying that ``what``
+    needs one node, and to use ``instead``."""
+    node = node_of(rank, size, nodes)
+    if len(node) != size:
+        raise ValueError(f"{what} needs every rank on one node; this communicator spans "
+                         f"{len(nodes)} nodes: use {instead}")
+    return node
 
 
 class Barriers:
@@ -100,15 +107,6 @@ class Barriers:
     def end(self, t: int) -> None:
         """Say that this rank has finished reading the window."""
         self.post(t)
-
-
-def reduce_slots(tl, t, node, dst, at, count):
-    """``dst = slot[node[0]] ⊕ slot[node[1]] ⊕ …``, each at element ``at``, in local order."""
-    parts = [Region(slot(q), at, count) for q in node]
-    if len(parts) == 1:
-        tl.copy(t, dst, parts[0])
-    for k in range(1, len(parts)):
-        tl.reduce(t, dst, parts[k], left=parts[0] if k == 1 else None)
 
 
 def reduce_as_posted(tl, t, sync, post, dst, at, count):
@@ -228,11 +226,7 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
     area); ``single_copy``: whether the node allows reads of a peer's memory (the session
     says), used from ``single_copy_bytes`` on.
     """
-    node = node_of(rank, size, nodes)
-    if len(node) != size:
-        raise ValueError(f"algorithm='shared_memory' needs every rank on one node; this "
-                         f"communicator spans {len(nodes)} nodes: use "
-                         f"algorithm='hierarchical'")
+    node = whole_node(rank, size, nodes, "algorithm='shared_memory'", "algorithm='hierarchical'")
     tl = Timeline(rank, size)
     whole, mine = Region(OUTPUT, 0, count), Region(INPUT, 0, count)
     if size == 1 or count == 0:

@@ -9,20 +9,18 @@ finished with it. Every rank posts equally often, and last after its last read.
 
 from __future__ import annotations
 
-from ..schedule import INPUT, OUTPUT, Region, Timeline, slot
+from ..ir.schedule import INPUT, OUTPUT, Region, Timeline, slot
 from ._common import elements
 from ._registry import register
-from .shared_memory import COPY, DEFAULT_SLOT_BYTES, Barriers, exchange, node_of, reduce_as_posted
+from .shared_memory import (COPY, DEFAULT_SLOT_BYTES, Barriers, exchange, reduce_as_posted,
+                            whole_node)
 
 __all__ = ["reduce_scatter", "allgather", "bcast", "reduce"]
 
 
 def _setup(rank, size, nodes, name):
-    node = node_of(rank, size, nodes)
-    if len(node) != size:
-        raise ValueError(f"{name} through shared memory needs every rank on one node; this "
-                         f"communicator spans {len(nodes)} nodes: use 'ring' or "
-                         f"'binary_tree'")
+    node = whole_node(rank, size, nodes, f"{name} through shared memory",
+                      "'ring' or 'binary_tree'")
     tl = Timeline(rank, size)
     return node, tl
 

@@ -1,6 +1,6 @@
 """Single-master all-reduce: everyone sends to one root, which sends the sum back."""
 
-from ..schedule import Timeline
+from ..ir.schedule import Timeline
 from ._common import check_int
 from ._pieces import gather_reduce, scatter_results
 from ._registry import register

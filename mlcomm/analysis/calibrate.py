@@ -166,7 +166,7 @@ def calibrate(comm, *, sizes=None, quick: bool = False, gamma_bytes: int | None 
     """Measure on ``comm`` (at least 2 ranks); rank 0 returns and writes the Profile, others None."""
     from mpi4py import MPI
 
-    from ..profile import Profile, default_path, load_profile, save_profile
+    from ..model.machine import Profile, default_path, load_profile, save_profile
     if comm.Get_size() < 2:
         raise RuntimeError("calibrate needs at least 2 ranks for the ping-pong: "
                            "run `mpiexec -n 2 mlcomm calibrate`")

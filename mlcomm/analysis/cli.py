@@ -10,10 +10,9 @@ import os
 import sys
 from fractions import Fraction
 
-from ..commands import (add_algorithms, add_dtype, add_format, add_op, add_option,
-                        add_output, add_profile, add_progress, add_quick, add_sizes,
-                        algorithm, is_root, op_list, options, positive_int, rank_list,
-                        show_progress, size)
+from ..cli.args import (add_algorithms, add_dtype, add_format, add_op, add_option, add_output,
+    add_profile, add_progress, add_quick, add_sizes, algorithm, is_root, op_list, options,
+    positive_int, rank_list, show_progress, size)
 
 __all__ = ["register", "format_rows", "format_analysis", "in_n"]
 
@@ -29,7 +28,7 @@ def _seconds(x) -> str:
 
 
 def _bytes(n) -> str:
-    from ..benchmark.harness import format_size
+    from ..units import format_size
     return format_size(n)
 
 
@@ -106,7 +105,7 @@ def format_analysis(rows) -> str:
 
 
 def _load_profile(args):
-    from ..profile import load_profile
+    from ..model.machine import load_profile
     return load_profile(args.profile)
 
 
@@ -132,7 +131,7 @@ def _model_line(net, profile) -> str:
 
 
 def _itemsize(dtype) -> int:
-    from ..benchmark.harness import parse_dtype
+    from ..units import parse_dtype
     return parse_dtype(dtype).itemsize
 
 
@@ -264,7 +263,7 @@ def _node_aware() -> list:
 def _explain(args) -> int:
     import dataclasses
 
-    from ..select import explain
+    from ..session.auto import explain
     from .metrics import node_layout
     if not is_root():
         return 0
@@ -307,7 +306,7 @@ def _explain(args) -> int:
 
 def _explain_model(args, nbytes, choice, times, profile, itemsize) -> None:
     """auto's own model (closed forms on one node), the node-aware algorithms beside it."""
-    from ..select import predict
+    from ..session.auto import predict
     from .metrics import not_applicable
     if args.algorithms is None:
         extra = [n for n in _node_aware() if n not in times and not not_applicable(n, args.ranks)]

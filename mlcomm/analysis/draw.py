@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..schedule import INPUT, OUTPUT, SCRATCH, Copy, Recv, Reduce, Send, owner, peer, slot
+from ..ir.schedule import INPUT, OUTPUT, SCRATCH, Copy, Recv, Reduce, Send, owner, peer, slot
 from .simulator import UNIT_NETWORK, compile_schedules, simulate
 
 __all__ = ["Trace", "trace", "draw_schedule"]

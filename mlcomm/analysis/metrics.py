@@ -49,8 +49,8 @@ def inter_choice(nodes: int, nbytes: int, network: Network, itemsize: int = 8) -
     """What ``inter="auto"`` resolves to here: ``auto``'s choice for ``nbytes`` on ``nodes``
     ranks, one per node, with the inter-node alpha and beta (and ``network``'s gamma) as
     its profile."""
-    from ..profile import Profile
-    from ..select import explain, flat_algorithms
+    from ..model.machine import Profile
+    from ..session.auto import explain, flat_algorithms
     if nodes < 2:
         return flat_algorithms()[0]
     profile = Profile(alpha=network.between_alpha, beta=network.between_beta,
@@ -152,7 +152,7 @@ def analyze(name: str, p: int, nbytes: int, *, itemsize: int = 8, profile=None,
     that use the layout; an algorithm that cannot run on it gets a row of None.
     """
     from ..algorithms import ALGORITHMS, build_schedules
-    from ..profile import load_profile
+    from ..model.machine import load_profile
     profile = profile or load_profile()
     network = network or Network.from_profile(profile)
     algo = ALGORITHMS[name]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..benchmark.harness import format_size
+from ..units import format_size
 
 __all__ = ["plot_sweep"]
 

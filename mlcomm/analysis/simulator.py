@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..schedule import Await, Copy, Post, Recv, Reduce, Send, owner
+from ..ir.schedule import Await, Copy, Post, Recv, Reduce, Send, owner
 
 __all__ = ["Network", "Program", "SimResult", "compile_schedules", "simulate",
            "simulate_schedules", "step_costs", "critical_path", "PATH_TERMS", "UNIT_NETWORK"]
@@ -72,9 +72,10 @@ class Network:
 
     @classmethod
     def from_profile(cls, profile=None, **overrides) -> "Network":
-        """Build a network from a :class:`mlcomm.profile.Profile` (default: the loaded one)."""
+        """Build a network from a :class:`mlcomm.model.machine.Profile` (default: the loaded
+        one)."""
         if profile is None:
-            from ..profile import load_profile
+            from ..model.machine import load_profile
             profile = load_profile()
         net = cls(alpha=profile.alpha, beta=profile.beta, gamma=profile.gamma)
         return replace(net, **{k: v for k, v in overrides.items() if v is not None})

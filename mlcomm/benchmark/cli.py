@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
-from ..commands import (add_algorithms, add_dtype, add_format, add_op, add_option,
-                        add_output, add_progress, add_quick, add_sizes, non_negative_int,
-                        options, output_format, positive_int, show_progress, size,
-                        write_text)
+from ..cli.args import (add_algorithms, add_dtype, add_format, add_op, add_option, add_output,
+    add_progress, add_quick, add_sizes, non_negative_int, options, output_format, positive_int,
+    show_progress, size, write_text)
 from ..kernels import OPS
 
 __all__ = ["register", "run", "QUICK_SIZES", "add_sweep", "sweep_sizes"]
@@ -49,7 +47,8 @@ def sweep_sizes(args, itemsize: int, lo="8", hi="16M", factor=2.0) -> list:
 
     ``--quick`` without ``-f`` takes :data:`QUICK_SIZES` within ``-b``/``-e``.
     """
-    from .harness import parse_size, size_list
+    from ..units import parse_size
+    from .harness import size_list
     if args.sizes:
         return sorted({max(itemsize, s // itemsize * itemsize) if s else 0 for s in args.sizes})
     low = args.min_bytes if args.min_bytes is not None else None
@@ -121,14 +120,15 @@ def register(subparsers):
 
 
 def _short(n):
-    from .harness import format_size
+    from ..units import format_size
     return format_size(n)
 
 
 def _validate(args, parser) -> None:
     """Check the values together; store the parsed dtype(s) and sizes on ``args``."""
     from ..kernels import check_op
-    from .harness import options_for, parse_dtype, resolve_algorithms
+    from ..units import parse_dtype
+    from .harness import options_for, resolve_algorithms
     try:
         args.dtypes = [parse_dtype(t.strip()) for t in args.dtype.split(",") if t.strip()]
     except TypeError as exc:
@@ -248,7 +248,7 @@ def run(args) -> int:
         algorithms=args.algorithms, sizes=args.byte_sizes, dtype=args.dtypes[0], op=args.op,
         placements=placements, iters=args.iters, warmup=args.warmup, rounds=args.rounds,
         quick=args.quick, check=args.check, device=args.device, options=args.options,
-        progress=show_progress(args), corrupt=os.environ.get("MLCOMM_BENCH_CORRUPT") or None)
+        progress=show_progress(args))
     records = run_bench(cfg, comm)
     wrong = sum(r["wrong"] or 0 for r in records)
     if comm.Get_rank() == 0:

@@ -13,19 +13,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import rss as _rss
+from ..units import format_size
 
 __all__ = [
     "RECORD_KEYS", "EXTRA_KEYS", "BenchConfig",
-    "parse_size", "format_size", "size_list", "parse_dtype", "default_iters",
+    "size_list", "default_iters",
     "resolve_algorithms", "options_for", "applicable", "run_bench", "interleaved",
-    "peak_rss_mib", "corrupt", "baseline_label",
+    "peak_rss_mib", "baseline_label",
 ]
 
 #: The keys every JSON record carries, in column order.
@@ -42,35 +42,6 @@ BASELINE = "mpi"
 _MPI_OPS = {"sum": "SUM", "prod": "PROD", "min": "MIN", "max": "MAX", "avg": "SUM",
             "band": "BAND", "bor": "BOR", "bxor": "BXOR", "land": "LAND", "lor": "LOR"}
 _RTOL = {2: 2e-2, 4: 1e-5, 8: 1e-12}   # float tolerance by itemsize
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def parse_size(text) -> int:
-    """Parse a byte count written as ``8``, ``64K``, ``16M``, ``1G`` or ``4KiB``."""
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
-    if not m:
-        raise ValueError(f"not a size: {text!r} (write e.g. 8, 64K, 16M)")
-    return int(m.group(1)) * _UNITS[m.group(2).upper()]
-
-
-def format_size(nbytes: int) -> str:
-    """Write a byte count the short way: ``8``, ``64K``, ``16M``."""
-    for unit in ("T", "G", "M", "K"):
-        if nbytes and nbytes % _UNITS[unit] == 0:
-            return f"{nbytes // _UNITS[unit]}{unit}"
-    return str(nbytes)
-
-
-def parse_dtype(name) -> np.dtype:
-    """Return the NumPy dtype called ``name`` (``bfloat16`` via ml_dtypes)."""
-    if str(name) == "bfloat16":
-        import ml_dtypes
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
-
-
 def size_list(min_bytes: int, max_bytes: int, factor: float, itemsize: int) -> list[int]:
     """Return the swept message sizes in bytes, whole elements, no repeats."""
     if min_bytes < 0 or max_bytes < min_bytes:
@@ -147,7 +118,6 @@ class BenchConfig:
     check: bool = False
     device: str = "cpu"
     progress: bool = True
-    corrupt: str | None = None                       # test hook, see _corrupt_target
     options: dict = field(default_factory=dict)      # algorithm -> its options (options_for)
 
 
@@ -217,19 +187,6 @@ def _count_wrong(result, ref, dtype, op) -> int:
     return int(np.count_nonzero(np.asarray(result) != np.asarray(ref)))
 
 
-def corrupt(result):
-    """Change element 0 of host array ``result`` so that any check must see it (a test hook)."""
-    if result.size == 0:
-        return
-    x = result.reshape(-1)[:1]
-    if x.dtype.kind == "b":
-        x[...] = ~x
-    elif x.dtype.kind in "iu":
-        x ^= 1
-    else:
-        x[...] = (np.abs(x) + 1) * 3
-
-
 # --------------------------------------------------------------------------- device
 
 class _Host:
@@ -269,7 +226,7 @@ class _Cuda:
         cupy.cuda.Device(local.Get_rank() % ngpu).use()
         local.Free()
         self.cp = cupy
-        from ..gpu import cuda_aware
+        from ..buffers.gpu import cuda_aware
         self.aware = cuda_aware()  # the baseline stages exactly when mlcomm does
 
     def empty(self, n, dtype):
@@ -327,16 +284,6 @@ def _view(a, dtype):
 
 # --------------------------------------------------------------------------- runner
 
-def _corrupt_target(spec, algorithms):
-    """Return the algorithm whose result the MLCOMM_BENCH_CORRUPT hook flips."""
-    if not spec:
-        return None
-    if spec in algorithms:
-        return spec
-    others = [a for a in algorithms if a != BASELINE]
-    return others[0] if others else None
-
-
 def _timed_call(alg, comm, dev, send, recv, in_place, op, mdtype, mop, staged, hosts,
                 options=None):
     """The call being timed, bound once: ``mpi`` (MPI_Allreduce) or an mlcomm algorithm
@@ -373,13 +320,13 @@ def _timed_call(alg, comm, dev, send, recv, in_place, op, mdtype, mop, staged, h
 
 def interleaved(calls: dict, rounds: int, per_round: int, comm, sync) -> dict:
     """``{name: median seconds per call}``: ``rounds`` rounds, each timing every call
-    ``per_round`` times after a barrier, in the order of :func:`mlcomm.select.round_order`.
+    ``per_round`` times after a barrier, in the order of :func:`mlcomm.session.auto.round_order`.
 
     Each timed block follows one untimed call of the same kind, so it measures the steady
     state of repeated calls (a training loop's), not a first call on memory that the
     previous block's algorithm pushed out of the caches.
     """
-    from ..select import round_order
+    from ..session.auto import round_order
     samples = {name: [] for name in calls}
     for k in range(rounds):
         for name in round_order(list(calls), k):
@@ -396,9 +343,9 @@ def interleaved(calls: dict, rounds: int, per_round: int, comm, sync) -> dict:
 
 
 def _auto_ran(comm, count, dtype, op):
-    """What ``auto`` ran at this size (:func:`mlcomm.select.auto_ran`), on host or device
+    """What ``auto`` ran at this size (:func:`mlcomm.session.auto.auto_ran`), on host or device
     buffers."""
-    from ..select import auto_ran
+    from ..session.auto import auto_ran
     from ..session import get as session_of
     session = session_of(comm)
     return (auto_ran(session, "allreduce", count, dtype, op)
@@ -421,8 +368,8 @@ def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
     Per size and placement, every algorithm is first checked (with ``check``) and warmed
     up, then timed in ``rounds`` interleaved rounds: each round times every algorithm for
     ``iters / rounds`` calls after one untimed call and a barrier, in an order shuffled
-    each round (:func:`mlcomm.select.round_order`). An algorithm's time per call is the median over
-    rounds, so a burst of noise from other processes lands on one round of every algorithm
+    each round (:func:`mlcomm.session.auto.round_order`). An algorithm's time per call is the
+    median over rounds, so a burst of noise from other processes lands on one round of every algorithm
     alike, not on one algorithm's whole block (Google Benchmark's random interleaving, for
     the same reason).
     """
@@ -444,7 +391,6 @@ def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
         print(f"# left out: {', '.join(left)} (needs host buffers on one node: "
               f"shared_memory; host buffers: hierarchical)", flush=True)
     cfg = dataclasses.replace(cfg, algorithms=algorithms)
-    corrupt_alg = _corrupt_target(cfg.corrupt, cfg.algorithms)
 
     bar = None
     total = len(cfg.sizes) * len(cfg.placements)
@@ -488,8 +434,6 @@ def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
                         ref = _reference(dtype, count, size, op)
                     if alg != BASELINE or exact:
                         res = np.array(dev.to_host(recv), copy=True)
-                        if alg == corrupt_alg and rank == size - 1:
-                            corrupt(res)
                         wrongs[alg] = comm.allreduce(_count_wrong(res, ref, dtype, op),
                                                      op=MPI.SUM)
                     else:  # a timing proxy (see _mpi_plan): nothing to check

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .harness import format_size
+from ..units import format_size
 
 __all__ = ["plot_sweep", "plot_vs_ranks", "model_times"]
 
@@ -44,7 +44,7 @@ def model_times(algorithms, ranks, sizes, dtype="float32", op="sum"):
     or an unreadable profile draw none.
     """
     from ..algorithms import ALGORITHMS
-    from ..profile import load_profile
+    from ..model.machine import load_profile
     try:
         prof = load_profile()
     except (OSError, ValueError):

@@ -6,7 +6,8 @@ import csv
 import io
 import json
 
-from .harness import EXTRA_KEYS, RECORD_KEYS, band_summary, format_size
+from ..units import format_size
+from .harness import EXTRA_KEYS, RECORD_KEYS, band_summary
 
 __all__ = ["format_table", "format_csv", "format_json", "format_summary", "render",
            "format_kernels"]

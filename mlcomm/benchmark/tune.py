@@ -5,7 +5,7 @@ network the model does not describe, can make it pick a slower algorithm.  ``tun
 measures instead, as MPICH's tuning JSON and Open MPI's dynamic rules do: it runs the
 benchmark's interleaved rounds over a size sweep and writes, for this number of ranks,
 the fastest algorithm at each size into the profile.  ``auto`` then takes the choice
-at the tuned size nearest to the message (``mlcomm.profile.Profile.tuned_choice``).
+at the tuned size nearest to the message (``mlcomm.model.machine.Profile.tuned_choice``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import argparse
 import math
 import statistics
 
-from ..commands import add_profile, add_progress, add_quick, positive_int, show_progress
+from ..cli.args import add_profile, add_progress, add_quick, positive_int, show_progress
 from .cli import add_sweep, sweep_sizes
 
 __all__ = ["register", "tune", "fastest", "median_times", "NEAR_TIE", "ROUNDS", "REPEATS",
@@ -80,8 +80,8 @@ def tune(comm, sizes, *, rounds: int = ROUNDS, repeats: int = REPEATS, path=None
     median time per size decides.  ``quick`` times fewer calls per size (as
     ``mlcomm bench --quick`` does).
     """
-    from ..profile import load_profile, save_profile
-    from ..select import auto_candidates
+    from ..model.machine import load_profile, save_profile
+    from ..session.auto import auto_candidates
     from ..session import get as session_of
     from .harness import BenchConfig, run_bench
 
@@ -138,7 +138,7 @@ def _run(args) -> int:
     table = tune(comm, args.byte_sizes, rounds=rounds, repeats=repeats, path=args.profile,
                  progress=show_progress(args), quick=args.quick)
     if table is not None:
-        from ..profile import default_path
+        from ..model.machine import default_path
         print(f"# mlcomm tune: P={comm.Get_size()}, float32 sum, fastest per size "
               f"({rounds} rounds, {repeats} sweeps)")
         for nbytes, name in table:

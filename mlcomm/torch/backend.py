@@ -45,7 +45,7 @@ from ..api import IN_PLACE, Persistent, allgather, allreduce, bcast, istart, red
     reduce_scatter
 from ..kernels import OP_TABLE, check_op, finalize, reduce_into
 from ..session import get as session_of
-from ..tensors import as_array
+from ..buffers.tensors import as_array
 
 __all__ = ["ProcessGroupMlcomm", "Work", "WorkInfo", "Options", "create"]
 

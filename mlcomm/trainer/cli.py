@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..commands import add_progress, show_progress
+from ..cli.args import add_progress, show_progress
 
 __all__ = ["register", "add_arguments", "config_from_args"]
 

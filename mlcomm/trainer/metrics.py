@@ -19,7 +19,7 @@ import os
 
 from ..transport import PATHS
 
-__all__ = ["BYTES", "COLUMNS", "write_metrics", "read_metrics", "plot_runs"]
+__all__ = ["BYTES", "COLUMNS", "write_metrics", "read_metrics"]
 
 #: every byte moved between ranks, then by path (:data:`mlcomm.transport.PATHS`)
 BYTES = ("bytes_sent", *(f"bytes_{path}" for path in PATHS))
@@ -65,34 +65,3 @@ def read_metrics(path: str) -> list[dict]:
                     parsed[k] = v
             out.append(parsed)
     return out
-
-
-def plot_runs(runs: dict, path: str, *, title: str = "") -> None:
-    """Draw loss against wall time and against step, one line per run (``label -> rows``)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for label, rows in runs.items():
-        steps = [r["step"] for r in rows]
-        wall = [r["wall_s"] for r in rows]
-        loss = [r["loss"] for r in rows]
-        acc = [r["test_accuracy"] for r in rows]
-        axes[0].plot(wall, loss, label=label, lw=1)
-        axes[1].plot(steps, loss, label=label, lw=1)
-        axes[2].plot(wall, acc, label=label, lw=1)
-    for ax, xl, yl in zip(axes, ("wall time (s)", "step", "wall time (s)"),
-                          ("training loss", "training loss", "test accuracy")):
-        ax.set_xlabel(xl)
-        ax.set_ylabel(yl)
-        ax.grid(alpha=0.3)
-    axes[0].set_yscale("log")
-    axes[1].set_yscale("log")
-    axes[2].set_ylim(0.5, 1.0)
-    axes[0].legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -186,8 +186,6 @@ class AsyncPS(Mode):
         self.staleness.append(self.applied - clock)
         self.samples.append(samples)
         self.applied += 1
-        if self.rank == 0 and self.applied == c.crash_at:
-            self.comm.Abort(3)
         return flag
 
     def serve(self):

@@ -234,7 +234,6 @@ class _Context:
         self.wire = Wire(comm)
         self.timeline = Timeline(self.rank) if cfg.timeline else None
         self.computed_span = None    # (start, end) of the last gradient computation
-        self.crash_at = int(os.environ.get("MLCOMM_TRAIN_CRASH_AT", -1))  # test hook: hard kill
         self.checkpoint = None       # checkpoint(step): a collective checkpoint, set by train
         self._stop = threading.Event()
 
@@ -341,7 +340,6 @@ def _train(cfg, comm):
     start = resume.load(ctx, mode) if cfg.resume else 0
     t = mode.resume_at(start)
     ctx.checkpoint = lambda step: resume.save(ctx, mode, step)
-    term_at = int(os.environ.get("MLCOMM_TRAIN_SIGTERM_AT", -1))  # test hook: SIGTERM, last rank
 
     previous = None
     if threading.current_thread() is threading.main_thread():
@@ -367,10 +365,6 @@ def _train(cfg, comm):
             mode.serve()
         else:
             while mode.more(t):
-                if t == ctx.crash_at and ctx.rank == 0:
-                    comm.Abort(3)
-                if 0 <= term_at <= t and ctx.rank == ctx.size - 1 and not ctx.stop_requested():
-                    os.kill(os.getpid(), signal.SIGTERM)
                 t0 = time.perf_counter()
                 info = mode.step(t)
                 _exchange_spans(ctx, mode, t0, time.perf_counter())

@@ -1,7 +1,7 @@
 """Transports: what moves a program's transfers between ranks.
 
-A program (:mod:`mlcomm.program`) names transfers by index; a binding hands them, with the
-buffers they read and write, to a transport, which the loops (:mod:`mlcomm.loop`) then drive
+A program (:mod:`mlcomm.ir.program`) names transfers by index; a binding hands them, with the
+buffers they read and write, to a transport, which the loops (:mod:`mlcomm.runtime.loop`) then drive
 through two calls on index ranges:
 
 - ``start(first, n)``: start transfers ``first .. first+n-1``; 0, or a fault code.

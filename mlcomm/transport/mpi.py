@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 from numba import carray
 
-from ..cabi import ccall2, ccall3, ccall4, i64_array_at
+from .cabi import ccall2, ccall3, ccall4, i64_array_at
 from ..kernels import OP_TABLE, OPS, normalize_op
 from . import FAULT, Transport, compile_calls
 
@@ -127,7 +127,7 @@ class PointToPoint(Transport):
 
     def _context(self, widest):
         """The int64 context the compiled start/test read (None when they are unavailable)."""
-        from ..libmpi import MPILibraryError, symbol
+        from .libmpi import MPILibraryError, symbol
         try:
             fns = [symbol(f"MPI_{n}") for n in ("Startall", "Testall", "Get_count")]
         except MPILibraryError:

@@ -1,6 +1,6 @@
 """The MPI library's own collectives, as the transport of the ``mpi`` algorithm's one step.
 
-A program's :class:`mlcomm.program.Call` runs one of the library's collectives on the
+A program's :class:`mlcomm.ir.program.Call` runs one of the library's collectives on the
 binding's buffers. Its START calls the library: the non-blocking collective
 (``MPI_Iallreduce`` and friends), which its WAIT polls with ``MPI_Testall`` like a message,
 yielding the CPU as every wait of mlcomm's does, so a waiting loop can report a stall; or,
@@ -22,7 +22,7 @@ import numpy as np
 from mpi4py import MPI
 from numba import carray
 
-from ..cabi import ccall4, ccall5, ccall6, ccall7, ccall8, i64_array_at
+from .cabi import ccall4, ccall5, ccall6, ccall7, ccall8, i64_array_at
 from ..kernels import OP_TABLE
 from . import FAULT, Transport, compile_calls
 
@@ -165,7 +165,7 @@ class LibraryCollectives(Transport):
     the module docstring)."""
 
     def __init__(self, comm, calls, dtype, op):
-        from ..libmpi import MPILibraryError, symbol
+        from .libmpi import MPILibraryError, symbol
         self.comm, self.calls = comm, tuple(calls)
         self.datatype = datatype(dtype)
         self.op = _mpi_op(op)

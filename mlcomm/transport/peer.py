@@ -3,7 +3,7 @@
 ``process_vm_readv`` copies from another process's memory into this one's in the kernel,
 one copy with no shared buffer between (Open MPI's ``smsc/cma`` does the same), and
 ``process_vm_writev`` the other way. A program that reads a peer's input or output or
-writes its output (:class:`mlcomm.program.Fetch`) finds the peer's address in the node
+writes its output (:class:`mlcomm.ir.program.Fetch`) finds the peer's address in the node
 window, where the peer's post published it, and the peer's process id from :func:`probe`.
 
 The kernel allows it between processes of one user unless Yama's ``ptrace_scope`` is 2 or
@@ -24,7 +24,8 @@ from functools import lru_cache
 import numpy as np
 from numba import carray
 
-from ..cabi import call0, call6, i64_array_at, load_acquire
+from .. import config
+from .cabi import call0, call6, i64_array_at, load_acquire
 from . import FAULT, PATHS, SINGLE_COPY, Transport, compile_calls
 
 __all__ = ["probe", "PeerCopies"]
@@ -82,7 +83,7 @@ def probe(node) -> tuple:
     """``(pids, error)`` over the node communicator ``node`` (collective): each rank reads a
     word of its next local rank's memory; ``error`` is None when every read worked, else
     why single-copy reads are off on this node."""
-    off = os.environ.get("MLCOMM_SINGLE_COPY", "").strip() == "0"
+    off = not config.single_copy()
     if not off:
         _allow_readers()
     mine = np.array([os.getpid()], np.int64)
@@ -129,15 +130,14 @@ def _define(compile):
 
 
 class PeerCopies(Transport):
-    """The single-copy reads and writes of one program (:class:`mlcomm.program.Fetch`) on
+    """The single-copy reads and writes of one program (:class:`mlcomm.ir.program.Fetch`) on
     ``window``: each copies between a local peer's input or output, whose address the peer
     published, and ``addresses[fetch.buffer] + fetch.at``. ``ranks``: the node's ranks
     (messages). Every byte copied is added to ``moved[SINGLE_COPY]`` (a session's counters,
     :data:`mlcomm.transport.PATHS`)."""
 
     def __init__(self, window, fetches, addresses, ranks, moved=None):
-        from ..cabi import libc_address
-        from .shm import ADDRESSES
+        from .cabi import libc_address
         self.fetches, self.ranks = tuple(fetches), tuple(ranks)
         ctx = np.zeros(_HEAD + _WORDS * max(len(self.fetches), 1), np.int64)
         ctx[_ERRNO_AT] = libc_address("__errno_location")
@@ -146,7 +146,7 @@ class PeerCopies(Transport):
         calls = [libc_address(name) for name in _CALLS]
         for i, f in enumerate(self.fetches):
             ctx[_HEAD + _WORDS * i:_HEAD + _WORDS * (i + 1)] = (
-                window.pids[f.peer], window.flags[f.peer] + ADDRESSES + 8 * f.source,
+                window.pids[f.peer], window.addresses_at(f.peer) + 8 * f.source,
                 f.offset, addresses[f.buffer] + f.at, f.nbytes, calls[f.write])
         self._ctx = ctx
         self._published = [window.address_array(j) for j in range(len(window.flags))]

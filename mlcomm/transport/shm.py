@@ -4,11 +4,11 @@
 rank's segment holds its flag (a 64-bit counter in a cache line of its own), the addresses
 of its current call's input and output (on the next cache line, for peers' single-copy
 reads, :mod:`mlcomm.transport.peer`), its slot, which the rank writes and every rank of
-the node reads in place, and its two turn areas (:data:`mlcomm.schedule.TURN_BYTES` each),
+the node reads in place, and its two turn areas (:data:`mlcomm.ir.schedule.TURN_BYTES` each),
 the slot of a program with ``turns``, which alternate from one such program's run to the
 next. Programs read and write
 slots with plain copies and reductions (the slots are buffers of the binding);
-:class:`NodeSync` is the transport of their node synchronisations (:class:`mlcomm.program.
+:class:`NodeSync` is the transport of their node synchronisations (:class:`mlcomm.ir.program.
 Sync`):
 
 - a post stores this rank's input and output addresses, then ``base + count`` into its
@@ -27,8 +27,8 @@ import numpy as np
 from mpi4py import MPI
 from numba import carray
 
-from ..cabi import i64_array_at, load_acquire, store_release
-from ..schedule import TURN_BYTES
+from .cabi import i64_array_at, load_acquire, store_release
+from ..ir.schedule import TURN_BYTES
 from . import PATHS, WINDOW, Transport, compile_calls
 
 __all__ = ["NodeWindow", "NodeSync", "WindowError", "CONTROL_BYTES", "ADDRESSES"]
@@ -106,20 +106,18 @@ class NodeWindow:
     def turn(self, value: int):
         self._turn[0] = value
 
-    def slot_array(self, local: int, dtype) -> np.ndarray:
-        """Local rank ``local``'s slot as an array of ``dtype`` (the window keeps the memory)."""
-        import ctypes
-        raw = (ctypes.c_char * self.slot_bytes).from_address(self.slots[local])
-        return np.frombuffer(raw, dtype, self.slot_bytes // np.dtype(dtype).itemsize)
-
     def flag_array(self, local: int) -> np.ndarray:
         import ctypes
         return np.frombuffer((ctypes.c_char * 8).from_address(self.flags[local]), np.int64)
 
+    def addresses_at(self, local: int) -> int:
+        """Where local rank ``local`` publishes its input's and its output's address."""
+        return self.flags[local] + ADDRESSES
+
     def address_array(self, local: int) -> np.ndarray:
         """Local rank ``local``'s published input and output addresses."""
         import ctypes
-        raw = (ctypes.c_char * 16).from_address(self.flags[local] + ADDRESSES)
+        raw = (ctypes.c_char * 16).from_address(self.addresses_at(local))
         return np.frombuffer(raw, np.int64)
 
     def free(self) -> None:

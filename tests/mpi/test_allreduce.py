@@ -9,8 +9,8 @@ import pytest
 from mpi4py import MPI
 
 import mlcomm
-from mlcomm import verify
-from mlcomm.verify import close, reference, sample
+from mlcomm.benchmark import verify
+from mlcomm.benchmark.verify import close, reference, sample
 
 from mpi_helpers import COMM, agree
 
@@ -221,7 +221,7 @@ def test_transfers_past_the_largest_move_in_pieces(name, monkeypatch):
     several in order (MPI's counts are C ints; Linux copies at most 2 GiB at once). With the
     bound at 40 bytes, every algorithm's pieces still give the exact answer, for every
     collective."""
-    from mlcomm import program
+    from mlcomm.ir import program
     monkeypatch.setattr(program, "MAX_BYTES", 40)
     comm = COMM.Dup()  # a fresh session: no plan lowered before the bound changed
     try:

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import mlcomm
-from mlcomm import select, session
+from mlcomm import session
+from mlcomm.session import auto
 from mlcomm.algorithms.shared_memory import SINGLE_COPY_BYTES
 
 from mpi_helpers import COMM, agree
@@ -37,7 +38,7 @@ def test_measured_once_per_band_same_everywhere_exact(fresh, monkeypatch, count)
     COMM.Allreduce(x, ref)
     agree(np.array_equal(got, ref), "auto's int32 sum differs from MPI_Allreduce")
     bands = _bands(s)
-    candidates = select.auto_candidates(P, s.nodes) + ["hierarchical", "mpi"]
+    candidates = auto.auto_candidates(P, s.nodes) + ["hierarchical", "mpi"]
     if P == 1:
         agree(not bands, f"a single rank has nothing to time: {bands}")
         return
@@ -76,7 +77,7 @@ def test_model_only(fresh, monkeypatch):
     agree(np.array_equal(got, np.full_like(x, P)))
     agree(not _bands(s), f"MLCOMM_AUTO=model timed candidates: {_bands(s)}")
     picked = [v[0] for k, v in s.choices.items() if k[:3] == ("allreduce", P, 4096)]
-    model = select.auto_choice("allreduce", P, x.nbytes, itemsize=8, nodes=s.nodes)
+    model = auto.auto_choice("allreduce", P, x.nbytes, itemsize=8, nodes=s.nodes)
     agree(picked == [model], f"{picked} is not the model's {model}")
 
 
@@ -109,13 +110,13 @@ def test_shared_memory_is_timed_through_its_window_too_where_it_would_read(fresh
         pytest.skip("needs one node")
     f32 = np.dtype(np.float32)
     for nbytes, variants in ((SINGLE_COPY_BYTES // 2, 0), (SINGLE_COPY_BYTES, 1)):
-        _, trial = select._propose("allreduce", P, nbytes // 4, f32, "sum", s.nodes, False,
+        _, trial = auto._propose("allreduce", P, nbytes // 4, f32, "sum", s.nodes, False,
                                    False)
         window = [t for t in trial if t[0] == "shared_memory" and t[1]]
         agree(len(window) == variants, f"{nbytes} B: {trial}")
         agree(len([t for t in trial if t[0] == "hierarchical" and t[1]]) == variants,
               f"{nbytes} B: {trial}")
-    kept, plans = select.distinct_plans(s, trial, SINGLE_COPY_BYTES // 4, f32, "sum")
+    kept, plans = auto.distinct_plans(s, trial, SINGLE_COPY_BYTES // 4, f32, "sum")
     agree((window[0] in kept) == s.window().single_copy, f"{kept} {s.window().single_copy}")
     agree(not plans["shared_memory", window[0][1]].program.fetches, "the window variant reads")
     # on one node hierarchical's single copies are shared_memory's schedule: timed once
@@ -133,7 +134,7 @@ def test_shared_memory_gives_the_same_bits_by_reads_and_through_its_window(fresh
     x = np.random.default_rng(RANK).standard_normal(300_001).astype(np.float32)
     reads = mlcomm.allreduce(x, comm=comm, algorithm="shared_memory", single_copy_bytes=4096)
     window = mlcomm.allreduce(x, comm=comm, algorithm="shared_memory",
-                              **dict(select.WINDOW_ONLY))
+                              **dict(auto.WINDOW_ONLY))
     agree(np.array_equal(reads.view(np.uint32), window.view(np.uint32)),
           "reads and window differ in bits")
     ref = np.empty_like(x)
@@ -156,9 +157,9 @@ def test_a_trial_keeps_to_its_budget(fresh, monkeypatch, count):
         pytest.skip("needs two ranks")
     x = np.ones(count, np.float32)
     mlcomm.allreduce(x, comm=comm)
-    record = s.trials[select._band_key(count, x.dtype, "sum")]
+    record = s.trials[auto._band_key(count, x.dtype, "sum")]
     agree(COMM.allgather(record) == [record] * P, "the trial's account differs across ranks")
-    big = count * 4 >= select.TRIAL_PROBE_BYTES
+    big = count * 4 >= auto.TRIAL_PROBE_BYTES
     agree(record["probes"] == ([count // 16, count // 4] if big else []), str(record))
     # the calls counted at their median time: a rank descheduled in one round (ranks may
     # outnumber cores) adds to what the trial spent, not to what it chose to run

@@ -6,9 +6,9 @@ from mpi4py import MPI
 
 import mlcomm
 from mlcomm import session
-from mlcomm.binding import Binding, Settings
-from mlcomm.frame import compiled_supports
-from mlcomm.verify import close, reference, sample
+from mlcomm.runtime.binding import Binding, Settings
+from mlcomm.runtime.frame import compiled_supports
+from mlcomm.benchmark.verify import close, reference, sample
 
 from mpi_helpers import COMM, agree
 

@@ -9,7 +9,7 @@ import pytest
 
 import mlcomm
 from mlcomm import session
-from mlcomm.verify import close, reference, sample
+from mlcomm.benchmark.verify import close, reference, sample
 
 from mpi_helpers import COMM, agree
 
@@ -63,7 +63,7 @@ def test_single_copy_reads_where_the_node_allows_them(name):
     the rank's node has peers); hierarchical by messages never does."""
     if name == "shared_memory" and not ONE_NODE:
         pytest.skip("shared_memory needs one node")
-    from mlcomm.select import plan_for
+    from mlcomm.session.auto import plan_for
     s = session.get(COMM)
     f32 = np.dtype(np.float32)
     inter = {"inter": "ring"} if name == "hierarchical" else {}

@@ -7,7 +7,7 @@ import pytest
 from mpi4py import MPI
 
 import mlcomm
-from mlcomm.verify import reference
+from mlcomm.benchmark.verify import reference
 
 from mpi_helpers import COMM, agree
 
@@ -130,7 +130,7 @@ def test_the_transport_counts_the_bytes_it_sends(name):
     """Counted where messages are posted, and equal to what the schedule sends."""
     from mlcomm import session
     from mlcomm.algorithms import ALGORITHMS
-    from mlcomm.schedule import Send
+    from mlcomm.ir.schedule import Send
     s = session.get(COMM)
     x = np.ones(1001)
     before = s.bytes_sent()

@@ -5,7 +5,7 @@ import pytest
 from mpi4py import MPI
 
 import mlcomm
-from mlcomm.verify import reference
+from mlcomm.benchmark.verify import reference
 
 from mpi_helpers import COMM, DeviceLike, agree
 

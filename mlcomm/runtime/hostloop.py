@@ -1,6 +1,6 @@
 """The compiled host loop: a bound program's whole run in one Numba call, without the GIL.
 
-See :mod:`mlcomm.loop` for what it does and the frame it reads. The loop is compiled once
+See :mod:`mlcomm.runtime.loop` for what it does and the frame it reads. The loop is compiled once
 per kernel element type and op (the op is a compile-time constant, so each compilation
 holds only that op's loops) and cached on disk by Numba. Reductions call
 :func:`mlcomm.kernels.numba_backend.scalar`, the kernels' own per-element op.
@@ -16,12 +16,12 @@ from numba import carray, njit, typeof, types
 from numba.core.errors import NumbaIRAssumptionWarning
 from numba.extending import intrinsic, overload
 
-from .cabi import call0_f64, call3, ccall0, i64_array_at
-from .kernels.numba_backend import scalar
+from ..transport.cabi import call0_f64, call3, ccall0, i64_array_at
+from ..kernels.numba_backend import scalar
 from .frame import (DONE, F_BUFFERS, F_CODE, F_ITEM, F_NCODE, F_NWORDS, F_OTHER, F_PC,
                     F_STALL_NS, F_TRANSPORT, F_TRANSPORTS, F_TURN, F_WTIME, F_YIELD, F_YIELD_MASK,
                     FAULTED, SPIN_NS, STALLED, op_names)
-from .program import COPY, REDUCE, REDUCE2, REDUCE3, START, WAIT, WIDTH
+from ..ir.program import COPY, REDUCE, REDUCE2, REDUCE3, START, WAIT, WIDTH
 
 __all__ = ["entry"]
 
@@ -43,7 +43,7 @@ def _layout() -> str:
 
 
 if _layout() != LAYOUT:  # pragma: no cover - a developer changed a constant
-    raise ImportError(f"mlcomm.hostloop.LAYOUT is {LAYOUT!r} but the constants are "
+    raise ImportError(f"mlcomm.runtime.hostloop.LAYOUT is {LAYOUT!r} but the constants are "
                       f"{_layout()!r}: update LAYOUT (that also renews Numba's cache)")
 
 
@@ -59,7 +59,7 @@ def _pointer_like(typingctx, address, like):
 
 def _combine(op, kind, d, a, s):
     """``d = d (op) s``, ``d = a (op) d`` or ``d = a (op) s`` by ``kind``; ``op`` is a
-    compile-time loop op code (see :func:`mlcomm.loop.op_code`)."""
+    compile-time loop op code (see :func:`mlcomm.runtime.loop.op_code`)."""
 
 
 @overload(_combine)
@@ -143,7 +143,7 @@ def execute(frame, like, op):
 
 @njit(nogil=True, cache=True)
 def run_at(address, like, op):
-    """Run the frame at ``address`` (or the other turn's, see :mod:`mlcomm.frame`); flip
+    """Run the frame at ``address`` (or the other turn's, see :mod:`mlcomm.runtime.frame`); flip
     the turn when the run completes."""
     turn_at = carray(i64_array_at(address), F_BUFFERS)[F_TURN]
     if turn_at != 0 and carray(i64_array_at(turn_at), 1)[0] != 0:
@@ -166,7 +166,7 @@ def _entry_point(like_type, op):
 
 
 def entry(frame, kernel_dtype: np.dtype, op: int):
-    """A no-argument call running ``frame`` (a :class:`mlcomm.frame.Frame`, which the call
+    """A no-argument call running ``frame`` (a :class:`mlcomm.runtime.frame.Frame`, which the call
     keeps alive); it calls the entry point compiled for this element type and op directly,
     skipping Numba's per-call type dispatch. Its arguments are two scalars, the cheapest a
     compiled function unboxes."""

@@ -2,7 +2,7 @@
 
 The compiled loop calls its transports, and the MPI transport calls the MPI library, through
 function addresses held in int64 arrays (frames and contexts), so compiled code names no
-external symbol and links against nothing: the addresses come from :mod:`mlcomm.libmpi`,
+external symbol and links against nothing: the addresses come from :mod:`mlcomm.transport.libmpi`,
 from libc and from Numba ``cfunc``s. Integer arguments pass as 64-bit words: on the
 x86-64 and AArch64 C ABIs a callee taking ``int`` reads the low half of the register.
 """

@@ -1,9 +1,9 @@
 """Lowering: one rank's schedule on one buffer layout becomes a :class:`Program`.
 
 A program is the one form every loop runs (the compiled host loop, the Python loop and the
-device loop, :mod:`mlcomm.loop`). It is an int64 array of fixed-width instructions plus the
+device loop, :mod:`mlcomm.runtime.loop`). It is an int64 array of fixed-width instructions plus the
 table of the transfers they start, and it holds no address: a binding
-(:mod:`mlcomm.binding`) supplies the buffers and the transport's handles.
+(:mod:`mlcomm.runtime.binding`) supplies the buffers and the transport's handles.
 
 Instructions are :data:`WIDTH` words; offsets and lengths are in bytes::
 
@@ -66,7 +66,7 @@ _SPACE = 1 << 50  # bytes between buffers that do not share memory, in the overl
 
 class Sync(NamedTuple):
     """One node synchronisation: a post of this rank's flag, or a wait for local rank
-    ``peer``'s (``count`` as in :class:`mlcomm.schedule.Post` and ``Await``)."""
+    ``peer``'s (``count`` as in :class:`mlcomm.ir.schedule.Post` and ``Await``)."""
 
     post: bool
     peer: int
@@ -100,7 +100,7 @@ class Fetch(NamedTuple):
 class Call(NamedTuple):
     """One call of the MPI library's own collective ``kind`` on ``count`` elements (as MPI
     takes it): from ``send`` (:data:`IN_PLACE`, or a buffer id) at byte ``send_at`` into
-    ``recv`` at byte ``recv_at``; ``blocking`` as in :class:`mlcomm.schedule.Collective`."""
+    ``recv`` at byte ``recv_at``; ``blocking`` as in :class:`mlcomm.ir.schedule.Collective`."""
 
     kind: str
     send: int
@@ -137,7 +137,7 @@ class Program:
     slot_bytes: int = 0
     #: every single-copy read, in the order START/WAIT ranges on :data:`PEER` index them
     fetches: tuple = ()
-    #: the slots are the window's turn areas (``mlcomm.schedule.Schedule.turns``)
+    #: the slots are the window's turn areas (``mlcomm.ir.schedule.Schedule.turns``)
     turns: bool = False
     #: every call of the library's collectives, in the order START/WAIT ranges on
     #: :data:`NATIVE` index them
@@ -313,7 +313,7 @@ def _call_pieces(call, itemsize) -> list:
 
 
 def _in_place(call, rank, where) -> bool:
-    """Whether a :class:`mlcomm.schedule.Collective` is in place in MPI's sense: its input
+    """Whether a :class:`mlcomm.ir.schedule.Collective` is in place in MPI's sense: its input
     lies in its output (an allgather's block in its result), except off a reduce's root,
     where the input is always the data."""
     if call.kind == "reduce" and rank != call.root:

@@ -5,9 +5,9 @@ anything exposing ``__cuda_array_interface__`` or a CUDA ``__dlpack_device__`` i
 array. :func:`cuda_aware` decides how it travels (``MLCOMM_CUDA_AWARE=1|0``, or a probe of the
 MPI library when unset):
 
-- CUDA-aware: device pointers go straight to MPI (:func:`mlcomm.device.direct`) after the
+- CUDA-aware: device pointers go straight to MPI (:func:`mlcomm.buffers.device.direct`) after the
   producing stream is synchronised; the device loop reduces with the GPU kernels on the device.
-- otherwise: staged through pinned host buffers (:mod:`mlcomm.staging`), the copy of chunk
+- otherwise: staged through pinned host buffers (:mod:`mlcomm.buffers.staging`), the copy of chunk
   k+1 overlapping the collective on chunk k for allreduce, reduce and bcast. When the probe
   cannot tell, device arrays are staged and a warning is issued once.
 
@@ -24,7 +24,8 @@ import warnings
 
 import numpy as np
 
-from . import libmpi
+from .. import config
+from ..transport import libmpi
 
 __all__ = ["is_device_array", "is_cupy", "is_numba", "simulator", "cuda_aware",
            "cuda_aware_decision", "probe_cuda_support", "warn_once_if_unknown", "select_device",
@@ -146,21 +147,13 @@ def _probe():
     return "unknown", f"{vendor}: no CUDA-support query in this MPI library"
 
 
-_TRUE = ("1", "yes", "true", "on")
-_FALSE = ("0", "no", "false", "off")
-
-
 def _decision():
     """Return (aware: bool, state, text)."""
-    raw = os.environ.get("MLCOMM_CUDA_AWARE")
-    value = "" if raw is None else raw.strip().lower()
-    if value in _TRUE:
+    aware, raw = config.cuda_aware()
+    if aware is True:
         return True, "env", f"yes (MLCOMM_CUDA_AWARE={raw})"
-    if value in _FALSE:
+    if aware is False:
         return False, "env", f"no (MLCOMM_CUDA_AWARE={raw}; staging through host)"
-    if value not in ("", "auto"):
-        raise ValueError(f"MLCOMM_CUDA_AWARE={raw!r}: use 1 (CUDA-aware MPI), 0 (stage through "
-                         f"host memory) or leave it unset to probe")
     state, detail = probe_cuda_support()
     if state == "yes":
         return True, state, f"yes (probe: {detail})"

@@ -1,23 +1,24 @@
-"""The loops that run a bound program (:mod:`mlcomm.program`): compiled, Python and device.
+"""The loops that run a bound program (:mod:`mlcomm.ir.program`): compiled, Python and device.
 
 All three interpret the same instructions on the same transports and return the same
-codes (:mod:`mlcomm.frame`): ``DONE``, ``STALLED`` (a WAIT outlasted the stall limit; call
+codes (:mod:`mlcomm.runtime.frame`): ``DONE``, ``STALLED`` (a WAIT outlasted the stall limit; call
 again to go on waiting) or ``FAULTED`` (a transport reported a fault; ask it what).
 
 - The **compiled loop** (:func:`compiled_loop`) runs the whole program in one Numba call
   without the GIL: the transport's C ``start``/``test`` through their addresses, copies and
   reductions as loops built from :func:`mlcomm.kernels.numba_backend.scalar`, so its results
   are bit for bit those of the kernels. It reads everything from an int64 *frame*
-  (:class:`mlcomm.frame.Frame`): the program's address, the buffers, the transports, the
-  stall limit. It lives in :mod:`mlcomm.hostloop`, imported (with Numba) on first use.
+  (:class:`mlcomm.runtime.frame.Frame`): the program's address, the buffers, the transports, the
+  stall limit. It lives in :mod:`mlcomm.runtime.hostloop`, imported (with Numba) on first use.
 - The **Python loop** (:class:`PythonLoop`) decodes the program once into calls of
   :mod:`mlcomm.kernels` (NumPy, or Numba's parallel kernels for large reductions) on the
-  host; with device memory (:class:`mlcomm.binding.DeviceMemory`) it is the **device loop**, whose kernels run on a CUDA
-  stream that is synchronised before MPI touches device memory.
+  host; with device memory (:class:`mlcomm.runtime.binding.DeviceMemory`) it is the
+  **device loop**, whose kernels run on a CUDA stream that is synchronised before MPI
+  touches device memory.
 
 A WAIT polls its transport; every ``yield_mask + 1`` polls it yields the CPU (ranks may
 outnumber cores) and reads the clock, so the stall check costs nothing on short waits; a
-wait longer than :data:`mlcomm.frame.SPIN_NS` yields on every poll (other jobs may share
+wait longer than :data:`mlcomm.runtime.frame.SPIN_NS` yields on every poll (other jobs may share
 the cores).
 """
 
@@ -29,14 +30,14 @@ import time
 import numpy as np
 
 from .frame import DONE, F_OP, FAULTED, SPIN_NS, STALLED, Frame
-from .program import COPY, REDUCE, REDUCE2, REDUCE3, START, WAIT
-from .transport import FAULT
+from ..ir.program import COPY, REDUCE, REDUCE2, REDUCE3, START, WAIT
+from ..transport import FAULT
 
 __all__ = ["compiled_loop", "PythonLoop", "HostMemory"]
 
 # --- the compiled loop -----------------------------------------------------------------------
 
-_compiled = None  # mlcomm.hostloop once imported; False when Numba is unusable
+_compiled = None  # mlcomm.runtime.hostloop once imported; False when Numba is unusable
 
 
 def _execute():
@@ -68,8 +69,8 @@ class HostMemory:
     """Host arrays for the Python loop: views by byte offset and the kernels on them."""
 
     def __init__(self, buffers, dtype, op):
-        from .kernels import kernel_for
-        from .kernels.numpy_backend import bare_kernel3
+        from ..kernels import kernel_for
+        from ..kernels.numpy_backend import bare_kernel3
         self.buffers, self.dtype, self.op = buffers, dtype, op
         self._kernel_for, self._three = kernel_for, bare_kernel3(op)
 

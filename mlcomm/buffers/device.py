@@ -1,7 +1,7 @@
 """Device arrays as collective buffers: checked views, streams, events and copies.
 
 One small adapter over CuPy arrays and Numba device arrays (the CUDA simulator's
-``FakeCUDAArray`` included), so that :mod:`mlcomm.staging` and the device loop
+``FakeCUDAArray`` included), so that :mod:`mlcomm.buffers.staging` and the device loop
 never branch on the array library themselves. Kinds are "cupy" and "numba"; anything else with
 ``__cuda_array_interface__`` or a CUDA ``__dlpack_device__`` is wrapped as one of them.
 
@@ -136,11 +136,11 @@ def work_stream(kind, arr, stream=None):
 def synchronize(kind, stream):
     """Block until ``stream`` (CuPy, Numba, a raw handle; 0/None: the default) is done."""
     if kind == "cupy":
-        from .kernels import cupy_backend
+        from ..kernels import cupy_backend
         cupy_backend.to_stream(stream).synchronize()
         return
     from numba import cuda
-    from .kernels import cuda_backend
+    from ..kernels import cuda_backend
     s = cuda_backend.to_stream(stream)
     if s:
         s.synchronize()
@@ -272,11 +272,11 @@ class DeviceVector:
     def copy_from(self, src):
         """Copy ``src`` into this vector on the stream (device to device)."""
         if self.kind == "cupy":
-            from .kernels import cupy_backend
+            from ..kernels import cupy_backend
             with cupy_backend.to_stream(self.stream):
                 self.raw[...] = src.raw
         else:
-            from .kernels import cuda_backend
+            from ..kernels import cuda_backend
             self.raw.copy_to_device(src.raw, stream=cuda_backend.to_stream(self.stream))
 
     def synchronize(self):

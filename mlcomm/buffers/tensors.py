@@ -4,7 +4,7 @@ Nothing here imports torch unless a tensor is passed. A tensor is viewed, never 
 a collective writes into the tensor's own storage (in place, or as ``recvbuf``); a result
 mlcomm allocates goes back as a tensor over the same memory. bfloat16 travels as
 ``ml_dtypes.bfloat16``. CUDA tensors are device arrays (``__cuda_array_interface__``) and
-take the GPU path (:mod:`mlcomm.device`).
+take the GPU path (:mod:`mlcomm.buffers.device`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def as_array(tensor, name: str) -> np.ndarray:
     if not t.is_contiguous():
         raise ValueError(f"{name} is a non-contiguous tensor; pass {name}.contiguous()")
     if t.dtype == torch.bfloat16:
-        from .kernels import BFLOAT16
+        from ..kernels import BFLOAT16
         return t.view(torch.int16).numpy().view(BFLOAT16)
     return t.numpy()
 
@@ -37,7 +37,7 @@ def as_array(tensor, name: str) -> np.ndarray:
 def like(result: np.ndarray, tensor):
     """``result`` (an array mlcomm allocated) as a tensor shaped like ``tensor``, sharing memory."""
     import torch
-    from .kernels import BFLOAT16
+    from ..kernels import BFLOAT16
     if result.dtype == BFLOAT16:
         return torch.from_numpy(result.view(np.int16)).view(torch.bfloat16).view(tensor.shape)
     return torch.from_numpy(result).view(tensor.shape)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .program import WIDTH
+from ..ir.program import WIDTH
 
 __all__ = ["DONE", "STALLED", "FAULTED", "SPIN_NS", "Frame", "compiled_supports", "op_names",
            "op_code"]
@@ -37,8 +37,8 @@ class Frame:
     """The int64 words the compiled loop runs on: one per binding (see the module docstring)."""
 
     def __init__(self, program, op_code, itemsize, stall_seconds, yield_mask, buffers=3):
-        from .cabi import libc_address
-        from .libmpi import symbol
+        from ..transport.cabi import libc_address
+        from ..transport.libmpi import symbol
         self.words = np.zeros(F_BUFFERS + 2 * buffers, np.int64)
         self.program = program  # the code's memory lives as long as the frame
         w = self.words
@@ -86,15 +86,15 @@ _DTYPES = frozenset(np.dtype(t) for t in (
 
 def compiled_supports(dtype: np.dtype, op: str) -> bool:
     """True when the compiled loop reduces ``dtype`` with ``op`` (complex: sum only)."""
-    from .kernels import BFLOAT16
-    from .kernels import OP_TABLE
+    from ..kernels import BFLOAT16
+    from ..kernels import OP_TABLE
     return ((dtype in _DTYPES or dtype == BFLOAT16) and op in OP_TABLE
             and (dtype.kind != "c" or OP_TABLE[op].reduces_as == "sum"))
 
 
 def op_names() -> dict:
     """Loop op code -> the kernels' scalar op name (see :func:`op_code`)."""
-    from .kernels import OP_TABLE
+    from ..kernels import OP_TABLE
     names = {}
     for op in OP_TABLE.values():
         if op.divides:
@@ -108,8 +108,8 @@ def op_names() -> dict:
 
 def op_code(dtype: np.dtype, op: str) -> int:
     """The compiled loop's op code: the op's, plus the float16/bfloat16 codec's offset."""
-    from .kernels.numba_backend import scalar_name
-    from .kernels import OP_TABLE
+    from ..kernels.numba_backend import scalar_name
+    from ..kernels import OP_TABLE
     prefix = scalar_name(dtype, op).rpartition("_")[0]
     return OP_TABLE[op].reduce_code + _CODECS.get(prefix, 0)
 

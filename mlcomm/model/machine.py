@@ -27,6 +27,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import config
+
 __all__ = [
     "DEFAULT_ALPHA", "DEFAULT_BETA", "DEFAULT_GAMMA", "DEFAULT_STEP_OVERHEAD",
     "DEFAULT_OP_OVERHEAD",
@@ -115,7 +117,7 @@ def _dtype_name(dtype) -> str:
 
 def default_path() -> Path:
     """Return where the profile is read and written (``$MLCOMM_PROFILE`` first)."""
-    env = os.environ.get("MLCOMM_PROFILE")
+    env = config.profile_path()
     if env:
         return Path(env).expanduser()
     cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"

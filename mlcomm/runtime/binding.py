@@ -15,23 +15,22 @@ and the bytes, as MPI's own collectives do.
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import kernels
-from .device import DeviceVector
+from .. import config, kernels
+from ..buffers.device import DeviceVector
 from .frame import DONE, F_PC, FAULTED, STALLED, Frame, compiled_supports, op_code
 from .loop import HostMemory, PythonLoop, compiled_loop
-from .program import IN_PLACE, INPUT, NATIVE, OUTPUT, SCRATCH, SLOTS
-from .schedule import TURN_BYTES
-from .transport import WINDOW, Transport
-from .transport.mpi import PointToPoint, abort_job
-from .transport.native import LibraryCollectives, NativeCall
-from .transport.peer import PeerCopies
-from .transport.shm import NodeSync
+from ..ir.program import IN_PLACE, INPUT, NATIVE, OUTPUT, SCRATCH, SLOTS
+from ..ir.schedule import TURN_BYTES
+from ..transport import WINDOW, Transport
+from ..transport.mpi import PointToPoint, abort_job
+from ..transport.native import LibraryCollectives, NativeCall
+from ..transport.peer import PeerCopies
+from ..transport.shm import NodeSync
 
 __all__ = ["Settings", "Binding", "settings_from_env"]
 
@@ -51,40 +50,20 @@ class Settings:
     compiled: bool = True
 
 
-def _positive_seconds(name, raw, default):
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise ValueError(f"{name}={raw!r}: give a number of seconds (0 turns it off)")
-    return value
-
-
 def _polls(oversubscribed: bool) -> int:
     """``MLCOMM_POLLS_BEFORE_YIELD`` (a power of two), else 2 when ranks outnumber cores
     (a waiting rank gives its core away almost at once) and 1024 when they do not."""
-    raw = os.environ.get("MLCOMM_POLLS_BEFORE_YIELD", "").strip()
-    if not raw:
-        return 2 if oversubscribed else 1024
-    if not raw.isdigit() or int(raw) < 1 or int(raw) & (int(raw) - 1):
-        raise ValueError(f"MLCOMM_POLLS_BEFORE_YIELD={raw!r}: give a power of two, e.g. 16")
-    return int(raw)
+    return config.polls_before_yield(2 if oversubscribed else 1024)
 
 
 def settings_from_env(rank: int, oversubscribed: bool) -> Settings:
     """Settings from ``MLCOMM_STALL_SECONDS``, ``MLCOMM_STALL_ABORT``,
     ``MLCOMM_POLLS_BEFORE_YIELD`` and ``MLCOMM_EXECUTOR``; ranks that outnumber cores
     yield the CPU sooner."""
-    executor = os.environ.get("MLCOMM_EXECUTOR", "compiled").strip().lower() or "compiled"
-    if executor not in ("compiled", "python"):
-        raise ValueError(f"MLCOMM_EXECUTOR={executor!r}: choose compiled or python")
+    executor = config.executor()
     return Settings(rank=rank,
-                    stall_seconds=_positive_seconds("MLCOMM_STALL_SECONDS",
-                                                    os.environ.get("MLCOMM_STALL_SECONDS"), 60.0),
-                    stall_abort=os.environ.get("MLCOMM_STALL_ABORT", "").strip() == "1",
+                    stall_seconds=config.stall_seconds(60.0),
+                    stall_abort=config.stall_abort(),
                     yield_mask=_polls(oversubscribed) - 1,
                     compiled=executor == "compiled")
 
@@ -102,12 +81,12 @@ def _alias(address: int, nbytes: int, dtype) -> np.ndarray:
 
 class Binding:
     """``plan`` bound to 1-D contiguous ``inp`` and ``out`` (one array when in place): NumPy
-    arrays, or device vectors (:class:`mlcomm.device.DeviceVector`) on a CUDA-aware MPI.
+    arrays, or device vectors (:class:`mlcomm.buffers.device.DeviceVector`) on a CUDA-aware MPI.
 
     ``scratch`` may be shared with other host bindings of the same plan (calls on one
     communicator run one at a time); else the binding allocates its own. ``moved`` holds the
     int64 counters, one per path of :data:`mlcomm.transport.PATHS`, that the transports add
-    the bytes they move between ranks to (:attr:`mlcomm.program.Program.moved` a run).
+    the bytes they move between ranks to (:attr:`mlcomm.ir.program.Program.moved` a run).
     """
 
     def __init__(self, comm, plan, inp, out, settings: Settings, scratch=None, moved=None,
@@ -200,7 +179,7 @@ class Binding:
         ``slot_bytes`` each, or ``(None, None)`` where it does not apply: Numba or the MPI
         symbols missing, a dtype/op it has no loop for, partly overlapping op operands,
         misaligned arrays, or reductions large enough for the parallel kernels."""
-        from .kernels.numba_backend import kernel_dtype, num_threads
+        from ..kernels.numba_backend import kernel_dtype, num_threads
         plan, settings = self.plan, self.settings
         if not settings.compiled or any(t.compiled is None for t in self.transports):
             return None, None
@@ -352,7 +331,7 @@ class DeviceMemory:
         return [(self._note(DeviceVector.copy_from), (d, s))]
 
     def reduce(self, kind, d, a, s):
-        from .program import REDUCE, REDUCE3
+        from ..ir.program import REDUCE, REDUCE3
         kernel = self._note(kernels.kernel_for(d.raw, s.raw, self.op, stream=d.stream,
                                                dtype=d.dtype))
         copy = self._note(DeviceVector.copy_from)

@@ -6,9 +6,9 @@ the end of the job (:func:`_free_all`). It holds:
 
 - the private duplicate mlcomm talks on, so its messages never meet the caller's;
 - the algorithm ``MLCOMM_ALGORITHM`` names, read once and agreed across the ranks;
-- plans (:mod:`mlcomm.plan`, immutable) by call layout, least recently used first out;
+- plans (:mod:`mlcomm.runtime.plan`, immutable) by call layout, least recently used first out;
 - ``auto``'s choices, agreed across the ranks;
-- bindings (:mod:`mlcomm.binding`) by plan and buffer pair, bounded in bytes with every
+- bindings (:mod:`mlcomm.runtime.binding`) by plan and buffer pair, bounded in bytes with every
   other session's by ``MLCOMM_CACHE_BYTES`` (default 256 MiB), least recently used first
   out, counting their scratch and device vectors, :data:`BINDING_BYTES` each for their own
   objects, and the node windows (:func:`held`); the host bindings of one plan share one
@@ -16,7 +16,7 @@ the end of the job (:func:`_free_all`). It holds:
   for the bound alone is not kept;
 - repeat slots: calls seen before, so that a repeat skips checks and planning;
 - persistent handles, whose bindings are their own;
-- the progress thread that runs non-blocking calls (:mod:`mlcomm.progress`), started on
+- the progress thread that runs non-blocking calls (:mod:`mlcomm.runtime.progress`), started on
   first use.
 
 Nothing here keeps a caller's host array alive: bindings hold addresses and slots hold
@@ -54,13 +54,14 @@ from mpi4py import MPI
 import numpy as np
 from numpy import ndarray
 
-from .algorithms import resolve
-from .binding import Binding, buffer_key, settings_from_env
-from .plan import make_plan, plan_key
-from .progress import Progress
-from .transport.mpi import TAG, abort_job
-from .transport import MESSAGES, PATHS
-from .watch import Watch, free_world, world_roll
+from .. import config
+from ..algorithms import resolve
+from ..runtime.binding import Binding, buffer_key, settings_from_env
+from ..runtime.plan import make_plan, plan_key
+from ..runtime.progress import Progress
+from ..transport.mpi import TAG, abort_job
+from ..transport import MESSAGES, PATHS
+from ..runtime.watch import Watch, free_world, world_roll
 
 __all__ = ["Session", "get", "Slot", "MISS", "bound_call", "SLOTS", "slot_key", "remembers",
            "CACHE_BYTES", "BINDING_BYTES", "cache_bytes", "cached_bytes", "held",
@@ -76,13 +77,7 @@ _SLOTS_PER_PROCESS = 64
 
 def cache_bytes() -> int:
     """The bound on what the binding cache holds: ``MLCOMM_CACHE_BYTES`` or 256 MiB."""
-    raw = os.environ.get("MLCOMM_CACHE_BYTES", "").strip()
-    if not raw:
-        return CACHE_BYTES
-    if not raw.isdigit():
-        raise ValueError(f"MLCOMM_CACHE_BYTES={raw!r}: give a number of bytes, e.g. "
-                         f"{CACHE_BYTES} (the default, 256 MiB)")
-    return int(raw)
+    return config.cache_bytes(CACHE_BYTES)
 
 
 # --- the process-wide binding cache ------------------------------------------------------------
@@ -334,7 +329,7 @@ class Session:
         self.plan_misses += 1
         plan = make_plan(collective, algorithm, self.rank, self.size, count, dtype, op,
                          options, alias)
-        if self.rank == 0 and os.environ.get("MLCOMM_DEBUG") == "1":
+        if self.rank == 0 and config.debug():
             log.warning("mlcomm: new plan %s: %d steps, %d instructions, %d scratch elements",
                         plan.describe(), len(plan.schedule.steps),
                         len(plan.program.instructions), plan.schedule.scratch_count)
@@ -395,7 +390,7 @@ class Session:
         """The node's shared window (collective over the node on first use, which every
         rank of a node reaches in the same call: they run one plan)."""
         if self._window is None:
-            from .transport.shm import NodeWindow
+            from ..transport.shm import NodeWindow
             node = Watch(self.settings, self.node.index(self.rank), self.node_comm,
                          list(range(len(self.node))), names=self.node)
             node.barrier(self.node_comm, "mlcomm's set-up of the node's shared window")
@@ -520,9 +515,8 @@ def _agreed_env(comm, leader):
     machine. ``MLCOMM_SHM_BYTES`` sizes each rank's window slot. Each variable must be the
     same on every rank; a ValueError naming the ranks that differ is raised on every rank.
     """
-    from .algorithms.shared_memory import DEFAULT_SLOT_BYTES
-    names = ("MLCOMM_ALGORITHM", "MLCOMM_RANKS_PER_NODE", "MLCOMM_SHM_BYTES")
-    mine = tuple(os.environ.get(n, "").strip() or None for n in names)
+    from ..algorithms.shared_memory import DEFAULT_SLOT_BYTES
+    names, mine = config.AGREED, config.agreed_raw()
     everyone = comm.allgather((mine, leader))
     for i, name in enumerate(names):
         values = [e[0][i] for e in everyone]
@@ -539,22 +533,16 @@ def _agreed_env(comm, leader):
     if per_node is None:
         nodes = [tuple(r for r in range(size) if machines[r] == m) for m in sorted(set(machines))]
     else:
-        k = _positive("MLCOMM_RANKS_PER_NODE", per_node)
+        k = config.positive("MLCOMM_RANKS_PER_NODE", per_node)
         nodes = [tuple(range(a, min(a + k, size))) for a in range(0, size, k)]
         for node in nodes:
             if len({machines[r] for r in node}) > 1:
                 raise ValueError(f"MLCOMM_RANKS_PER_NODE={k} puts ranks {list(node)} in one "
                                  f"node, but they run on different machines; use a divisor "
                                  f"of the ranks per machine")
-    slot = DEFAULT_SLOT_BYTES if slot_bytes is None else _positive("MLCOMM_SHM_BYTES",
-                                                                    slot_bytes)
+    slot = DEFAULT_SLOT_BYTES if slot_bytes is None else config.positive("MLCOMM_SHM_BYTES",
+                                                                         slot_bytes)
     return algorithm, tuple(nodes), -(-slot // 64) * 64
-
-
-def _positive(name, raw) -> int:
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{name}={raw!r}: give a positive whole number")
-    return int(raw)
 
 
 def _delete(comm, keyval, session):

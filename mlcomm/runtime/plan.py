@@ -1,9 +1,9 @@
 """Plans: one rank's schedule for one call layout, lowered once. Immutable data.
 
 A plan is what a call of one shape needs before it meets real memory: the schedule, and its
-program (:mod:`mlcomm.program`) lowered for the layout (count, dtype, op, and where the
+program (:mod:`mlcomm.ir.program`) lowered for the layout (count, dtype, op, and where the
 input lies in the output when in place). Binding a plan to buffers and transports is
-:mod:`mlcomm.binding`'s job; keeping plans per communicator is :mod:`mlcomm.session`'s.
+:mod:`mlcomm.runtime.binding`'s job; keeping plans per communicator is :mod:`mlcomm.session`'s.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .algorithms import COLLECTIVES
-from .program import Program, lower
-from .schedule import Schedule
+from ..algorithms import COLLECTIVES
+from ..ir.program import Program, lower
+from ..ir.schedule import Schedule
 
 __all__ = ["Plan", "make_plan", "plan_for_schedule", "plan_key"]
 

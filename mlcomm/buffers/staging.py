@@ -16,16 +16,15 @@ chunking runs exactly as on a GPU.
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 
 import numpy as np
 
+from .. import config
 from . import gpu
 from .device import UserBuffers, copy_streams, new_array, to_device_async, to_host_async
 
-__all__ = ["CHUNK_BYTES", "ELEMENTWISE", "chunk_bytes", "run", "pipeline", "stage", "Staged",
-           "clear_cache"]
+__all__ = ["CHUNK_BYTES", "ELEMENTWISE", "chunk_bytes", "run", "pipeline", "stage", "Staged"]
 
 #: Staging chunk size when ``MLCOMM_STAGING_CHUNK_BYTES`` is unset.
 CHUNK_BYTES = 4 << 20
@@ -35,24 +34,13 @@ ELEMENTWISE = ("allreduce", "reduce", "bcast")
 
 def chunk_bytes() -> int:
     """Bytes per staging chunk: ``MLCOMM_STAGING_CHUNK_BYTES``, else :data:`CHUNK_BYTES`."""
-    raw = os.environ.get("MLCOMM_STAGING_CHUNK_BYTES", "").strip()
-    if not raw:
-        return CHUNK_BYTES
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"MLCOMM_STAGING_CHUNK_BYTES={raw!r}: give a positive number of bytes, "
-                         f"e.g. {CHUNK_BYTES} (the default, 4 MiB), the same on every rank")
-    return int(raw)
+    return config.staging_chunk_bytes(CHUNK_BYTES)
 
 
 # --- host buffers ------------------------------------------------------------------------------
 
 _CACHE_ENTRIES = 16
 _cache: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
-
-
-def clear_cache():
-    """Drop the cached host staging buffers."""
-    _cache.clear()
 
 
 def _host_buffer(role, count, dtype, kind):

@@ -11,18 +11,18 @@ path, or the other collectives) takes the cost model's prediction instead.
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 from functools import lru_cache
 
 import numpy as np
 
-from .algorithms import ALGORITHMS, AUTO, COLLECTIVES, MPI_NATIVE, resolve
-from .algorithms.shared_memory import SINGLE_COPY_BYTES
-from .schedule import INPUT, Copy, Recv, Send, owner
-from .profile import DEFAULT_GAMMA, DEFAULT_OP_OVERHEAD, DEFAULT_STEP_OVERHEAD, load_profile
-from .transport.native import supports as library_supports
+from .. import config
+from ..algorithms import ALGORITHMS, AUTO, COLLECTIVES, MPI_NATIVE, resolve
+from ..algorithms.shared_memory import SINGLE_COPY_BYTES
+from ..ir.schedule import INPUT, Copy, Recv, Send, owner
+from ..model.machine import DEFAULT_GAMMA, DEFAULT_OP_OVERHEAD, DEFAULT_STEP_OVERHEAD, load_profile
+from ..transport.native import supports as library_supports
 
 log = logging.getLogger("mlcomm")
 
@@ -50,9 +50,9 @@ TRIAL_PROBE_PRUNE = 2.0
 #: measured times within this factor of the fastest count as a tie (the model's order breaks it)
 TRIAL_TIE = 1.02
 #: a variant (:data:`VARIANTS`) is chosen only where it times this much faster than the
-#: fastest default: through the window, shared_memory gains at most about 10 % at P = 2
-#: where the cores share a cache and loses up to 3x where they do not, and a machine can
-#: move between the two within a job (docs/performance.rst)
+#: fastest default: the window's gain is small where the cores share a cache, its loss large
+#: where they do not, and a machine can move between the two within a job
+#: (docs/performance.rst)
 VARIANT_MARGIN = 1.15
 
 
@@ -219,7 +219,7 @@ def auto_choice(collective: str, p: int, nbytes: int, *, dtype=None, op=None,
 
 def _log_prediction(p, nbytes, choice, times, profile):
     """Under ``MLCOMM_DEBUG=1``, log the choice and every candidate's prediction."""
-    if os.environ.get("MLCOMM_DEBUG") == "1":
+    if config.debug():
         ranked = ", ".join(f"{n}={t * 1e6:.1f}us"
                            for n, t in sorted(times.items(), key=lambda kv: kv[1]))
         how = "tuned" if profile.tuned_choice(p, nbytes) == choice else "model"
@@ -228,14 +228,6 @@ def _log_prediction(p, nbytes, choice, times, profile):
 
 
 # --- auto on a communicator: agreed, and measured on first use ----------------------------------
-
-def _mode() -> str:
-    raw = os.environ.get("MLCOMM_AUTO", "").strip().lower() or "measure"
-    if raw not in ("measure", "model"):
-        raise ValueError(f"MLCOMM_AUTO={raw!r}: use 'measure' (time the candidates on a "
-                         f"size's first call, the default) or 'model' (the cost model alone)")
-    return raw
-
 
 def plan_for(session, collective, name, count, dtype, op, options, alias=None):
     """The plan of ``name`` (one of mlcomm's algorithms) for this call on ``session``, with
@@ -304,7 +296,7 @@ def _propose(collective, p, count, dtype, op, nodes, device, flat):
     """Rank 0's ``(choice, None)``, or ``(None, trial)`` when the candidates are to be timed:
     ``trial`` is ``[(name, options), ...]`` in the model's order, ``options`` a tuple of
     items (a :data:`VARIANTS` entry, else empty)."""
-    mode, nbytes = _mode(), count * dtype.itemsize
+    mode, nbytes = config.auto_mode(), count * dtype.itemsize
     if collective != "allreduce" or flat or device or p == 1 or mode == "model":
         layout = tuple((r,) for r in range(p)) if flat else nodes
         return auto_choice(collective, p, nbytes, itemsize=dtype.itemsize, nodes=layout,
@@ -329,8 +321,7 @@ def _propose(collective, p, count, dtype, op, nodes, device, flat):
 def round_order(names, k) -> list:
     """Round ``k``'s order of interleaved timing: ``names`` shuffled by a generator seeded
     with k (the same on every rank), so no candidate keeps its place in the round or the
-    candidate before it. A rotation keeps both: at 16 MiB on 4 ranks and 2 cores that moved
-    one algorithm's time by 10 % either way (docs/performance.rst)."""
+    candidate before it, as a rotation would (docs/performance.rst)."""
     return [names[i] for i in np.random.default_rng(k).permutation(len(names))]
 
 
@@ -411,7 +402,7 @@ def _trial(session, trial, count, dtype, op) -> tuple:
         "spent": float(TRIAL_STEADY * first.min() + TRIAL_FLOOR - budget),
         "budget": float(TRIAL_STEADY * first.min() + TRIAL_FLOOR),
         "probes": [int(m) for m in probes], "pick": _label_of(trial[pick])}
-    if session.rank == 0 and os.environ.get("MLCOMM_DEBUG") == "1":
+    if session.rank == 0 and config.debug():
         ranked = ", ".join(f"{_label_of(trial[i])}={estimate[i] * 1e6:.1f}us"
                            for i in sorted(range(len(trial)), key=lambda i: estimate[i]))
         log.warning("mlcomm: auto p=%d bytes=%d -> %s (measured on %d bytes; %s)",

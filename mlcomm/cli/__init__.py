@@ -22,12 +22,12 @@ import os
 import sys
 import traceback
 
-from .commands import world
+from .args import world
 
 __all__ = ["main", "abort_on_error", "parse_args", "AgreedExit"]
 
 COMMAND_MODULES = (
-    "mlcomm.commands",
+    "mlcomm.cli.commands",
     "mlcomm.benchmark.cli",
     "mlcomm.benchmark.tune",
     "mlcomm.analysis.cli",
@@ -128,7 +128,7 @@ def abort_on_error(func, *args, **kwargs):
 
 
 def _abort(comm, code: int) -> None:
-    from .transport.mpi import abort_job
+    from ..transport.mpi import abort_job
     abort_job(code=code, comm=comm)
 
 
@@ -157,7 +157,3 @@ def _run(argv) -> int:
 def main(argv=None) -> int:
     """Entry point of the ``mlcomm`` console script and of ``python -m mlcomm``."""
     return abort_on_error(_run, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,7 +10,7 @@ seed), so a rank makes every rank's input itself, without a message. The referen
   wrong, which is reported on its own line and is not mlcomm's failure (``mpi``'s row then
   says ``LIB`` where it returned the library's wrong answer).
 - Floats and complex: an algorithm with a schedule (and ``auto``, the algorithm it ran) must
-  give bit for bit what the local executor (:mod:`mlcomm.local`) gives running the same
+  give bit for bit what the local executor (:mod:`mlcomm.ir.local`) gives running the same
   schedule, with the call's options and the session's node layout, on every rank's input:
   the schedule fixes the reduction order. Each result must also lie within rounding of
   ``MPI_Allreduce`` (:func:`close`), which catches a schedule that is wrong in itself;
@@ -42,14 +42,13 @@ from functools import lru_cache
 import numpy as np
 from mpi4py import MPI
 
-from .algorithms import ALGORITHMS, AUTO, MPI_NATIVE, build_schedules, resolve
-from .api import IN_PLACE, allreduce
-from .kernels import BFLOAT16, DTYPES, OP_TABLE, OPS, is_supported, normalize_op, \
-    supported_dtypes
-from .kernels.numpy_backend import bare_kernel, bare_kernel3, finalize
-from .local import run_local
-from .select import agreed_choice, auto_ran, plan_for
-from .session import get as session_of
+from ..algorithms import ALGORITHMS, AUTO, MPI_NATIVE, build_schedules, resolve
+from ..api import IN_PLACE, allreduce
+from ..kernels import BFLOAT16, DTYPES, OP_TABLE, OPS, is_supported, normalize_op, supported_dtypes
+from ..kernels.numpy_backend import bare_kernel, bare_kernel3, finalize
+from ..ir.local import run_local
+from ..session.auto import agreed_choice, auto_ran, plan_for
+from ..session import get as session_of
 
 __all__ = ["DTYPES", "OPS", "PASSED", "FAILED", "LIBRARY_WRONG", "Row", "Report", "sample",
            "reference", "exact", "library_error", "close", "scheduled", "verify"]
@@ -296,8 +295,8 @@ def scheduled(name, options, inputs, op, rank, in_place=False):
     there is none.
 
     Each reduction makes the calls the Python loop makes for it (``HostMemory.reduce`` in
-    :mod:`mlcomm.loop`: ``d = a (op) s`` into ``a``, into ``s``, or a copy of ``a`` then into
-    it) with the NumPy kernels. Those give the compiled loop's and the Numba kernels' bits for
+    :mod:`mlcomm.runtime.loop`: ``d = a (op) s`` into ``a``, into ``s``, or a copy of ``a``
+    then into it) with the NumPy kernels. Those give the compiled loop's and the Numba kernels' bits for
     every op but complex prod, which NumPy alone runs and whose last bits depend on which
     operand the output is (its multiply fuses some of its products on some paths).
     """

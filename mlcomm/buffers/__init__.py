@@ -1,0 +1,1 @@
+"""The buffers a collective runs on: host and device arrays, GPUs, staging, tensors."""

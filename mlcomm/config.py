@@ -1,0 +1,165 @@
+"""Every ``MLCOMM_*`` environment variable mlcomm reads, parsed and checked in one place.
+
+Each function reads its variable when called, so a value set before a call counts; a bad
+value raises ValueError naming the variable. The kernels (``mlcomm.kernels``, which import
+nothing of mlcomm) read their own three: ``MLCOMM_KERNEL``, ``MLCOMM_NUMBA_MIN_BYTES`` and
+``MLCOMM_NUM_THREADS``.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["VARIABLES", "debug", "validate", "auto_mode", "cache_bytes", "agreed_raw",
+           "AGREED", "positive", "executor", "stall_seconds", "stall_abort", "polls_before_yield",
+           "staging_chunk_bytes", "cuda_aware", "single_copy", "profile_path"]
+
+#: name -> what it sets
+VARIABLES = {
+    "MLCOMM_ALGORITHM": "the algorithm a call without one runs (the same on every rank)",
+    "MLCOMM_AUTO": "measure (time auto's candidates on a size's first call) or model",
+    "MLCOMM_CACHE_BYTES": "the bound on the binding cache, in bytes",
+    "MLCOMM_CUDA_AWARE": "1: the MPI library is CUDA-aware; 0: stage through host memory",
+    "MLCOMM_DEBUG": "1: log auto's choices and new plans",
+    "MLCOMM_EXECUTOR": "compiled or python: the loop that runs programs",
+    "MLCOMM_KERNEL": "the reduction kernels' backend (read by mlcomm.kernels)",
+    "MLCOMM_NUMBA_MIN_BYTES": "the least bytes reduced by Numba's kernels (read by mlcomm.kernels)",
+    "MLCOMM_NUM_THREADS": "the Numba kernels' threads (read by mlcomm.kernels)",
+    "MLCOMM_POLLS_BEFORE_YIELD": "polls of a wait between yields of the CPU (a power of two)",
+    "MLCOMM_PROFILE": "the profile file: the cost model's constants and tuned choices",
+    "MLCOMM_RANKS_PER_NODE": "nodes of this many consecutive ranks",
+    "MLCOMM_SHM_BYTES": "each rank's slot in the node window, in bytes",
+    "MLCOMM_SINGLE_COPY": "0: no single-copy reads of a peer's memory",
+    "MLCOMM_STAGING_CHUNK_BYTES": "bytes per chunk staged through host memory",
+    "MLCOMM_STALL_ABORT": "1: end the job after reporting a stalled wait",
+    "MLCOMM_STALL_SECONDS": "seconds a wait may last before it is reported (0: never)",
+    "MLCOMM_VALIDATE": "1: compare every call across ranks (read once, at import)",
+}
+
+_TRUE = ("1", "yes", "true", "on")
+_FALSE = ("0", "no", "false", "off")
+
+
+def _raw(name: str) -> str:
+    return os.environ.get(name, "").strip()
+
+
+def debug() -> bool:
+    """``MLCOMM_DEBUG=1``."""
+    return os.environ.get("MLCOMM_DEBUG") == "1"
+
+
+def validate() -> bool:
+    """``MLCOMM_VALIDATE=1``."""
+    return os.environ.get("MLCOMM_VALIDATE") == "1"
+
+
+def auto_mode() -> str:
+    """``MLCOMM_AUTO``: ``measure`` (the default) or ``model``."""
+    raw = _raw("MLCOMM_AUTO").lower() or "measure"
+    if raw not in ("measure", "model"):
+        raise ValueError(f"MLCOMM_AUTO={raw!r}: use 'measure' (time the candidates on a "
+                         f"size's first call, the default) or 'model' (the cost model alone)")
+    return raw
+
+
+def cache_bytes(default: int) -> int:
+    """``MLCOMM_CACHE_BYTES``, else ``default``."""
+    raw = _raw("MLCOMM_CACHE_BYTES")
+    if not raw:
+        return default
+    if not raw.isdigit():
+        raise ValueError(f"MLCOMM_CACHE_BYTES={raw!r}: give a number of bytes, e.g. "
+                         f"{default} (the default, {default >> 20} MiB)")
+    return int(raw)
+
+
+#: the variables that must be the same on every rank, agreed when a session starts
+AGREED = ("MLCOMM_ALGORITHM", "MLCOMM_RANKS_PER_NODE", "MLCOMM_SHM_BYTES")
+
+
+def agreed_raw() -> tuple:
+    """This rank's values of :data:`AGREED`, None where unset (parsed once agreed)."""
+    return tuple(_raw(n) or None for n in AGREED)
+
+
+def positive(name: str, raw: str) -> int:
+    """``raw``, the value of ``name``, as a positive whole number."""
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{name}={raw!r}: give a positive whole number")
+    return int(raw)
+
+
+def executor() -> str:
+    """``MLCOMM_EXECUTOR``: ``compiled`` (the default) or ``python``."""
+    value = os.environ.get("MLCOMM_EXECUTOR", "compiled").strip().lower() or "compiled"
+    if value not in ("compiled", "python"):
+        raise ValueError(f"MLCOMM_EXECUTOR={value!r}: choose compiled or python")
+    return value
+
+
+def stall_seconds(default: float = 60.0) -> float:
+    """``MLCOMM_STALL_SECONDS``, else ``default``."""
+    raw = os.environ.get("MLCOMM_STALL_SECONDS")
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError(f"MLCOMM_STALL_SECONDS={raw!r}: give a number of seconds "
+                         f"(0 turns it off)")
+    return value
+
+
+def stall_abort() -> bool:
+    """``MLCOMM_STALL_ABORT=1``."""
+    return _raw("MLCOMM_STALL_ABORT") == "1"
+
+
+def polls_before_yield(default: int) -> int:
+    """``MLCOMM_POLLS_BEFORE_YIELD`` (a power of two), else ``default``."""
+    raw = _raw("MLCOMM_POLLS_BEFORE_YIELD")
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 1 or int(raw) & (int(raw) - 1):
+        raise ValueError(f"MLCOMM_POLLS_BEFORE_YIELD={raw!r}: give a power of two, e.g. 16")
+    return int(raw)
+
+
+def staging_chunk_bytes(default: int) -> int:
+    """``MLCOMM_STAGING_CHUNK_BYTES``, else ``default``."""
+    raw = _raw("MLCOMM_STAGING_CHUNK_BYTES")
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"MLCOMM_STAGING_CHUNK_BYTES={raw!r}: give a positive number of bytes, "
+                         f"e.g. {default} (the default, {default >> 20} MiB), the same on "
+                         f"every rank")
+    return int(raw)
+
+
+def cuda_aware():
+    """``MLCOMM_CUDA_AWARE``: ``(True or False, its text)`` when set, ``(None, None)`` when
+    unset or ``auto`` (probe the library)."""
+    raw = os.environ.get("MLCOMM_CUDA_AWARE")
+    value = "" if raw is None else raw.strip().lower()
+    if value in _TRUE:
+        return True, raw
+    if value in _FALSE:
+        return False, raw
+    if value not in ("", "auto"):
+        raise ValueError(f"MLCOMM_CUDA_AWARE={raw!r}: use 1 (CUDA-aware MPI), 0 (stage through "
+                         f"host memory) or leave it unset to probe")
+    return None, None
+
+
+def single_copy() -> bool:
+    """False under ``MLCOMM_SINGLE_COPY=0``."""
+    return _raw("MLCOMM_SINGLE_COPY") != "0"
+
+
+def profile_path() -> str | None:
+    """``MLCOMM_PROFILE``, else None."""
+    return os.environ.get("MLCOMM_PROFILE") or None

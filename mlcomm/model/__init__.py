@@ -1,0 +1,1 @@
+"""The machine model: the measured constants the cost model reads (a profile)."""
