@@ -47,6 +47,9 @@ TRIAL_DROP = 1.25
 #: first, each keeping the candidates within TRIAL_PROBE_PRUNE of its fastest
 TRIAL_PROBE_BYTES = 1 << 20
 TRIAL_PROBE_PRUNE = 2.0
+#: below TRIAL_PROBE_BYTES, each candidate's fastest of this many calls after its first
+#: stands for it where the first call would (a small call's first is mostly set-up)
+TRIAL_WARM = 3
 #: measured times within this factor of the fastest count as a tie (the model's order breaks it)
 TRIAL_TIE = 1.02
 #: a variant (:data:`VARIANTS`) is chosen only where it times this much faster than the
@@ -364,10 +367,14 @@ def _trial(session, trial, count, dtype, op) -> tuple:
             first[i] = time.perf_counter() - start
         first[keep] = _slowest(session, first[keep])
         spent += first[keep].sum()
-        budget = TRIAL_STEADY * first.min() + TRIAL_FLOOR - spent
-        alive = [i for i in keep if first[i] <= TRIAL_PRUNE * first.min()]
+        basis = first
+        if not probes:  # a small call's first is mostly set-up: the warm calls judge
+            basis, took = _warm_calls(session, bindings, len(trial), sync)
+            spent += took
+        budget = TRIAL_STEADY * basis.min() + TRIAL_FLOOR - spent
+        alive = [i for i in keep if basis[i] <= TRIAL_PRUNE * basis.min()]
         samples = {i: [] for i in alive}
-        estimate = first.copy()
+        estimate = basis.copy()
         calls = np.zeros(len(trial), np.int64)
         for r in range(TRIAL_ROUNDS):
             one_each = sum(estimate[i] for i in alive)
@@ -399,8 +406,9 @@ def _trial(session, trial, count, dtype, op) -> tuple:
         "first": {_label_of(trial[i]): float(first[i]) for i in keep},
         "calls": {_label_of(trial[i]): int(calls[i]) for i in range(len(trial))},
         "median": {_label_of(trial[i]): estimate[i] for i in range(len(trial)) if calls[i]},
-        "spent": float(TRIAL_STEADY * first.min() + TRIAL_FLOOR - budget),
-        "budget": float(TRIAL_STEADY * first.min() + TRIAL_FLOOR),
+        "warm": {_label_of(trial[i]): float(basis[i]) for i in keep} if not probes else {},
+        "spent": float(TRIAL_STEADY * basis.min() + TRIAL_FLOOR - budget),
+        "budget": float(TRIAL_STEADY * basis.min() + TRIAL_FLOOR),
         "probes": [int(m) for m in probes], "pick": _label_of(trial[pick])}
     if session.rank == 0 and config.debug():
         ranked = ", ".join(f"{_label_of(trial[i])}={estimate[i] * 1e6:.1f}us"
@@ -409,6 +417,25 @@ def _trial(session, trial, count, dtype, op) -> tuple:
                     session.size, count * dtype.itemsize, _label_of(trial[pick]),
                     n * dtype.itemsize, ranked)
     return trial[pick]
+
+
+def _warm_calls(session, bindings, n, sync) -> tuple:
+    """``(times, seconds)``: each bound candidate's fastest of :data:`TRIAL_WARM` calls after
+    its first (the slowest rank's; inf for the others), and the seconds they took. The
+    fastest of a few: a rank descheduled in one call (ranks may outnumber cores) does not
+    count against the candidate."""
+    times = np.full(n, np.inf)
+    start = time.perf_counter()
+    for i, binding in bindings.items():
+        sync()
+        for _ in range(TRIAL_WARM):
+            t = time.perf_counter()
+            binding.run()
+            times[i] = min(times[i], time.perf_counter() - t)
+    took = np.array([time.perf_counter() - start])
+    keys = sorted(bindings)
+    times[keys] = _slowest(session, times[keys])
+    return times, float(_slowest(session, took)[0])
 
 
 def _first_calls(session, entries, count, dtype, op, sync) -> np.ndarray:
