@@ -142,6 +142,10 @@ FIRSTS = {
     "window": ("mlcomm.allreduce(np.ones(3), algorithm='ring')",
                "mlcomm.allreduce(x, algorithm='shared_memory')",
                "mlcomm's set-up of the node's shared window"),
+    "torch": ("import torch, torch.distributed as dist, mlcomm.torch",
+              "dist.init_process_group('mlcomm'); dist.all_reduce(torch.ones(3))",
+              "the mlcomm backend's process group, the first call on this communicator "
+              "(mlcomm's set-up)"),
     "library": ("comm.Allreduce(np.ones(3, np.longdouble), np.empty(3, np.longdouble))",
                 "comm.Allreduce(np.ones(3, np.longdouble), np.empty(3, np.longdouble))",
                 "Allreduce (the MPI library's, through mlcomm.Comm)"),
@@ -152,8 +156,9 @@ FIRSTS = {
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_a_rank_late_on_a_first_call_is_named(tmp_path, place, nprocs):
     """mlcomm's own waits (the communicator's set-up, auto's agreement on a new size, the
-    node window's creation, the library's collective through Comm) report a late rank by
-    name within the stall limit, then go on: the call completes."""
+    node window's creation, the library's collective through Comm, the torch backend's
+    process group) report a late rank by name within the stall limit, then go on: the call
+    completes."""
     before, call, what = FIRSTS[place]
     proc, _ = _job(tmp_path, nprocs, FIRST.format(before=before, sleep=4, call=call),
                    {"MLCOMM_STALL_SECONDS": "1"}, timeout=60)

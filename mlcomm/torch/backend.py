@@ -183,7 +183,8 @@ class ProcessGroupMlcomm(dist.ProcessGroup):
         super().__init__(comm.Get_rank(), comm.Get_size())
         self.comm = comm
         self._rank, self._size = comm.Get_rank(), comm.Get_size()
-        self.session = session_of(comm)  # collective: every member creates the group together
+        # collective: every member creates the group together (a watched wait)
+        self.session = session_of(comm, "the mlcomm backend's process group")
         options = options or Options()
         self._allreduce = {"algorithm": options.algorithm, **options.options}
         self._check_comm = comm.Dup()

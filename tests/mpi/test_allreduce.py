@@ -255,3 +255,21 @@ def test_transfers_past_the_largest_move_in_pieces(name, monkeypatch):
     finally:
         mlcomm.session.get(comm).free()
         comm.Free()
+
+
+def test_a_library_allgather_past_a_c_int_says_what_to_use(monkeypatch):
+    """The library's allgather and reduce-scatter take a C int count per rank and cannot be
+    cut into pieces: past it, algorithm='mpi' is an error naming mlcomm's algorithms, raised
+    on every rank before any message (the bound lowered to 10 elements here)."""
+    from mlcomm.ir import program
+    monkeypatch.setattr(program, "_MPI_MAX_COUNT", 10)
+    comm = COMM.Dup()
+    try:
+        with pytest.raises(ValueError, match=r"takes at most 10 elements per rank .*"
+                                             r"algorithm='ring'"):
+            mlcomm.allgather(np.ones(11, np.int32), comm=comm, algorithm="mpi")
+        out = mlcomm.allgather(np.full(11, RANK, np.int32), comm=comm, algorithm="ring")
+        agree(np.array_equal(out, np.repeat(np.arange(P, dtype=np.int32), 11)), "ring")
+    finally:
+        mlcomm.session.get(comm).free()
+        comm.Free()
