@@ -32,6 +32,9 @@ class _Window:
         self.flags = [self.words.ctypes.data + j * self.words.strides[0]
                       for j in range(len(pids))]
 
+    def addresses_at(self, j):
+        return self.flags[j] + ADDRESSES
+
     def address_array(self, j):
         return self.words[j, ADDRESSES // 8:]
 
