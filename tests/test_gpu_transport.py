@@ -49,9 +49,11 @@ def test_device_arrays_every_algorithm_mpiexec_3_simulator():
 
 
 def test_device_arrays_staged_in_chunks_mpiexec_3_simulator():
-    # 256-byte chunks: 1000 float32 go in 16 chunks (the last of 40 elements), 37 float64 in 5
-    summary = _gpu_job({"MLCOMM_CUDA_AWARE": "0", "MLCOMM_STAGING_CHUNK_BYTES": "256"})
-    assert "path: staged, 256-byte chunks, up to 32 per call" in summary
+    # 256-byte chunks: 150 float32 go in 3 chunks (the last of 22 elements), 150 float64 in
+    # 5 (the last of 22), 37 float64 in 2
+    summary = _gpu_job({"MLCOMM_CUDA_AWARE": "0", "MLCOMM_STAGING_CHUNK_BYTES": "256"},
+                       "--counts", "1,37,150")
+    assert "path: staged, 256-byte chunks, up to 5 per call" in summary
 
 
 def test_device_arrays_direct_cuda_aware_mpiexec_3_simulator():
