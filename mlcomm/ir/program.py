@@ -52,6 +52,7 @@ SLOTS = 3
 BUFFER_IDS = {_IN: INPUT, _OUT: OUTPUT, _SCR: SCRATCH}
 #: transport ids: point-to-point messages on the communicator, the node's window flags,
 #: single-copy reads of node peers' buffers, and the MPI library's own collectives
+#: (:mod:`mlcomm.transport.registry` binds each id to its transport)
 MPI_P2P, NODE, PEER, NATIVE = 0, 1, 2, 3
 #: a :class:`Call`'s send buffer when it is in place
 IN_PLACE = -1
@@ -151,6 +152,12 @@ class Program:
     def instructions(self) -> np.ndarray:
         """The code as rows of :data:`WIDTH` words."""
         return self.code.reshape(-1, WIDTH)
+
+    @property
+    def transport_ids(self) -> frozenset:
+        """The transport ids its START and WAIT instructions name."""
+        rows = self.instructions
+        return frozenset(rows[(rows[:, 0] == START) | (rows[:, 0] == WAIT), 1].tolist())
 
     def early_starts(self) -> int:
         """How many STARTs run before the previous step's local ops."""
