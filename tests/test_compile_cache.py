@@ -9,8 +9,8 @@ from pathlib import Path
 COMPILE = """
 import numpy as np
 from mlcomm.kernels import reduce_into
-from mlcomm.transport import compile_calls, mpi, peer, shm
-for module in (mpi, shm, peer):
+from mlcomm.transport import compile_calls, mpi, peer, window
+for module in (mpi, window, peer):
     compile_calls(module._define)
 a, b = np.ones(1 << 20, np.float32), np.ones(1 << 20, np.float32)
 reduce_into(a, b, "sum", backend="numba")

@@ -11,7 +11,7 @@ from mpi4py import MPI
 from mlcomm.ir.program import OUTPUT, Fetch
 from mlcomm.transport import FAULT
 from mlcomm.transport.peer import PeerCopies, probe
-from mlcomm.transport.shm import ADDRESSES
+from mlcomm.transport.window import ADDRESSES
 
 
 def _start(reads, compiled):

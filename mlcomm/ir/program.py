@@ -22,7 +22,9 @@ the node's window flags (:class:`Sync`); transport :data:`PEER` copies from anot
 input or output or into its output (:class:`Fetch`, a schedule's ``Copy`` from ``input@R``
 or ``output@R``, or to ``output@R``), a START doing the copies and its WAIT completing at
 once; transport :data:`NATIVE` calls the MPI library's own collectives (:class:`Call`, a
-schedule's ``Collective``).
+schedule's ``Collective``). The ids are plain integers here; :mod:`mlcomm.transport.registry`
+binds each to the factory of its transport, and :func:`lower` may name another id for the
+messages.
 
 A transfer's START may move before the previous step's local ops when it touches nothing
 they write or read (:func:`_early_starts`): the ops then overlap the transfer. The layout's
@@ -52,6 +54,7 @@ SLOTS = 3
 BUFFER_IDS = {_IN: INPUT, _OUT: OUTPUT, _SCR: SCRATCH}
 #: transport ids: point-to-point messages on the communicator, the node's window flags,
 #: single-copy reads of node peers' buffers, and the MPI library's own collectives
+#: (:mod:`mlcomm.transport.registry` binds each id to its transport)
 MPI_P2P, NODE, PEER, NATIVE = 0, 1, 2, 3
 #: a :class:`Call`'s send buffer when it is in place
 IN_PLACE = -1
@@ -152,6 +155,12 @@ class Program:
         """The code as rows of :data:`WIDTH` words."""
         return self.code.reshape(-1, WIDTH)
 
+    @property
+    def transport_ids(self) -> frozenset:
+        """The transport ids its START and WAIT instructions name."""
+        rows = self.instructions
+        return frozenset(rows[(rows[:, 0] == START) | (rows[:, 0] == WAIT), 1].tolist())
+
     def early_starts(self) -> int:
         """How many STARTs run before the previous step's local ops."""
         kinds = self.instructions[:, 0]
@@ -159,8 +168,10 @@ class Program:
                    if kinds[i] == START and kinds[i - 1] == WAIT)
 
 
-def lower(schedule: Schedule, itemsize: int, alias: int | None = None) -> Program:
-    """Lower ``schedule`` for elements of ``itemsize`` bytes; ``alias``: see :class:`Program`."""
+def lower(schedule: Schedule, itemsize: int, alias: int | None = None,
+          messages: int = MPI_P2P) -> Program:
+    """Lower ``schedule`` for elements of ``itemsize`` bytes; ``alias``: see :class:`Program`;
+    ``messages``: the id of the transport that carries its messages (:class:`Transfer`)."""
     node = {rank: j for j, rank in enumerate(schedule.node)}
 
     def buffer_id(name):
@@ -183,8 +194,8 @@ def lower(schedule: Schedule, itemsize: int, alias: int | None = None) -> Progra
     ref = lambda r: (buffer_id(r.buffer), r.offset * itemsize)
     transfers, syncs, fetches, calls, ranges, starts = [], [], [], [], [], []
     for step in schedule.steps:
-        messages = [t for t in step.transfers if isinstance(t, Recv)] + \
-                   [t for t in step.transfers if isinstance(t, Send)]
+        step_messages = [t for t in step.transfers if isinstance(t, Recv)] + \
+                        [t for t in step.transfers if isinstance(t, Send)]
         posts = [Sync(True, node[schedule.rank], t.count) for t in step.transfers
                  if isinstance(t, Post)]
         waits = [Sync(False, node[t.peer], t.count) for t in step.transfers
@@ -197,36 +208,36 @@ def lower(schedule: Schedule, itemsize: int, alias: int | None = None) -> Progra
                        t.blocking), itemsize)]
         pieces = [_pieces(Transfer(isinstance(t, Recv), t.peer, buffer_id(t.region.buffer),
                                    t.region.offset * itemsize, t.region.count * itemsize),
-                          "nbytes", ("offset",)) for t in messages]
+                          "nbytes", ("offset",)) for t in step_messages]
         # the first piece of every message, then the second ...: one START each, so that
         # the pieces of a message are posted in order (MPI_Startall may post its requests
         # in any order)
         depth = max(map(len, pieces), default=0)
-        messages = [p[j] for j in range(depth) for p in pieces if j < len(p)]
+        step_messages = [p[j] for j in range(depth) for p in pieces if j < len(p)]
         counts = [sum(j < len(p) for p in pieces) for j in range(depth)]
         starts.append([(len(transfers) + sum(counts[:j]), counts[j]) for j in range(depth)])
-        ranges.append(((len(transfers), len(messages)), (len(syncs), len(posts)),
+        ranges.append(((len(transfers), len(step_messages)), (len(syncs), len(posts)),
                        (len(syncs) + len(posts), len(waits)), (len(calls), len(natives))))
         calls += natives
-        transfers += messages
+        transfers += step_messages
         syncs += posts + waits
     early = _early_starts(schedule, where)
     code, partial, largest, window = [], False, 0, 0
     for k, step in enumerate(schedule.steps):
         (first, n), posted, awaited, native = ranges[k]
         if n and not early[k]:
-            code += [(START, MPI_P2P, *group, 0, 0, 0, 0) for group in starts[k]]
+            code += [(START, messages, *group, 0, 0, 0, 0) for group in starts[k]]
         if posted[1]:
             code.append((START, NODE, *posted, 0, 0, 0, 0))
         if n:
-            code.append((WAIT, MPI_P2P, first, n, 0, 0, 0, 0))
+            code.append((WAIT, messages, first, n, 0, 0, 0, 0))
         if awaited[1]:
             code.append((WAIT, NODE, *awaited, 0, 0, 0, 0))
         if native[1]:
             code.append((START, NATIVE, *native, 0, 0, 0, 0))
             code.append((WAIT, NATIVE, *native, 0, 0, 0, 0))
         if k + 1 < len(ranges) and early[k + 1]:
-            code += [(START, MPI_P2P, *group, 0, 0, 0, 0) for group in starts[k + 1]]
+            code += [(START, messages, *group, 0, 0, 0, 0) for group in starts[k + 1]]
         reads = []  # this step's fetches not yet started
 
         def start_reads():

@@ -22,15 +22,13 @@ import numpy as np
 
 from .. import config, kernels
 from ..buffers.device import DeviceVector
-from .frame import DONE, F_PC, FAULTED, STALLED, Frame, compiled_supports, op_code
+from .frame import (DONE, F_PC, FAULTED, MAX_TRANSPORTS, STALLED, Frame, compiled_supports,
+                    op_code)
 from .loop import HostMemory, PythonLoop, compiled_loop
-from ..ir.program import IN_PLACE, INPUT, NATIVE, OUTPUT, SCRATCH, SLOTS
+from ..ir.program import INPUT, OUTPUT, SCRATCH, SLOTS
 from ..ir.schedule import TURN_BYTES
-from ..transport import WINDOW, Transport
-from ..transport.mpi import PointToPoint, abort_job
-from ..transport.native import LibraryCollectives, NativeCall
-from ..transport.peer import PeerCopies
-from ..transport.shm import NodeSync
+from ..transport import Site, Transport, registry
+from ..transport.mpi import abort_job
 
 __all__ = ["Settings", "Binding", "settings_from_env"]
 
@@ -126,29 +124,11 @@ class Binding:
             addresses = [_address(inp), _address(out), _address(scratch), *slots]
             message = lambda t: (ctypes.c_char * t.nbytes).from_address(
                 addresses[t.buffer] + t.offset)
-        self.transport = PointToPoint(comm, program.transfers, message, moved)
-        self.transports = [self.transport]
-        if program.node_size:
-            node = plan.schedule.node
-            self.transports.append(NodeSync(window, program.syncs,
-                                            node.index(plan.schedule.rank), node, addresses[:2],
-                                            moved, program.moved[WINDOW]))
-        if program.fetches:
-            if not window.single_copy:
-                raise ValueError(f"{plan.describe()} reads its node peers' memory, which this "
-                                 f"node does not allow: {window.single_copy_error}")
-            self.transports.append(PeerCopies(window, program.fetches, addresses, node, moved))
-        if program.calls:
-            if device:
-                raise TypeError(f"{plan.describe()} runs on host buffers here; device buffers "
-                                f"go to the MPI library through mlcomm.allreduce")
-            while len(self.transports) < NATIVE:
-                self.transports.append(_Unused())
-            calls = [NativeCall(c.kind, None if c.send == IN_PLACE else addresses[c.send]
-                                + c.send_at, addresses[c.recv] + c.recv_at, c.count, c.root,
-                                c.blocking)
-                     for c in program.calls]
-            self.transports.append(LibraryCollectives(comm, calls, plan.dtype, plan.op))
+        # the transports by id (mlcomm.transport.registry), each id the program names
+        site = Site(comm, plan, addresses, message, moved, window, device)
+        used = program.transport_ids
+        self.transports = [registry.bind(i, site) if i in used else _Unused()
+                           for i in range(max(used, default=-1) + 1)]
         if device:
             self.frames = [None]
             runs = [PythonLoop(program, DeviceMemory(buffers, plan.dtype, plan.op),
@@ -177,11 +157,14 @@ class Binding:
     def _compiled(self, inp, out, scratch, slots, slot_bytes):
         """``(frame, run)`` of the compiled loop for host arrays on window ``slots`` of
         ``slot_bytes`` each, or ``(None, None)`` where it does not apply: Numba or the MPI
-        symbols missing, a dtype/op it has no loop for, partly overlapping op operands,
-        misaligned arrays, or reductions large enough for the parallel kernels."""
+        symbols missing, a transport without compiled calls or an id past the frame's
+        (:data:`mlcomm.runtime.frame.MAX_TRANSPORTS`), a dtype/op it has no loop for, partly
+        overlapping op operands, misaligned arrays, or reductions large enough for the
+        parallel kernels."""
         from ..kernels.numba_backend import kernel_dtype, num_threads
         plan, settings = self.plan, self.settings
-        if not settings.compiled or any(t.compiled is None for t in self.transports):
+        if not settings.compiled or len(self.transports) > MAX_TRANSPORTS or any(
+                t.compiled is None for t in self.transports):
             return None, None
         if not compiled_supports(plan.dtype, plan.op) or plan.program.partial_overlap:
             return None, None
@@ -282,7 +265,8 @@ class Binding:
 
 
 class _Unused(Transport):
-    """A transport id this program does not use (transports are indexed by id)."""
+    """A transport id this program does not name (the binding's transports are indexed
+    by id)."""
 
     compiled = (0, 0, 0)
 

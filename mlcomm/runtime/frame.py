@@ -16,8 +16,8 @@ import numpy as np
 
 from ..ir.program import WIDTH
 
-__all__ = ["DONE", "STALLED", "FAULTED", "SPIN_NS", "Frame", "compiled_supports", "op_names",
-           "op_code"]
+__all__ = ["DONE", "STALLED", "FAULTED", "SPIN_NS", "MAX_TRANSPORTS", "Frame",
+           "compiled_supports", "op_names", "op_code"]
 
 DONE, STALLED, FAULTED = 0, 1, 2
 #: nanoseconds a WAIT spins between yields; after that it yields the CPU on every poll (a
@@ -27,8 +27,10 @@ SPIN_NS = 50_000
 # frame words
 F_CODE, F_NCODE, F_OP, F_ITEM, F_PC, F_STALL_NS, F_YIELD_MASK, F_WTIME, F_YIELD, F_TRANSPORT, \
     F_TURN, F_OTHER, F_NWORDS = range(13)
-F_TRANSPORTS = 16  # (context, start, test) per transport id, up to four
-F_BUFFERS = 28  # then (address, bytes) per buffer id
+F_TRANSPORTS = 16  # (context, start, test) per transport id
+#: the transport ids a frame has room for (a binding with more runs the Python loop)
+MAX_TRANSPORTS = 8
+F_BUFFERS = F_TRANSPORTS + 3 * MAX_TRANSPORTS  # then (address, bytes) per buffer id
 #: codec offsets of the loop's op code: float16 and bfloat16 reduce on their uint16 bits
 _CODECS = {"f16": 16, "bf16": 32}
 

@@ -32,7 +32,7 @@ _NAMES = op_names()
 #: checked below) or stale machine code would read the wrong words.
 LAYOUT = ("F_CODE=0 F_NCODE=1 F_ITEM=3 F_PC=4 F_STALL_NS=5 F_YIELD_MASK=6 F_WTIME=7 "
           "F_YIELD=8 F_TRANSPORT=9 F_TURN=10 F_OTHER=11 F_NWORDS=12 F_TRANSPORTS=16 "
-          "F_BUFFERS=28 WIDTH=8 START=1 WAIT=2 "
+          "F_BUFFERS=40 WIDTH=8 START=1 WAIT=2 "
           "COPY=3 REDUCE=4 REDUCE2=5 REDUCE3=6 DONE=0 STALLED=1 FAULTED=2 SPIN_NS=50000")
 
 

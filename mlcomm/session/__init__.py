@@ -390,7 +390,7 @@ class Session:
         """The node's shared window (collective over the node on first use, which every
         rank of a node reaches in the same call: they run one plan)."""
         if self._window is None:
-            from ..transport.shm import NodeWindow
+            from ..transport.window import NodeWindow
             node = Watch(self.settings, self.node.index(self.rank), self.node_comm,
                          list(range(len(self.node))), names=self.node)
             node.barrier(self.node_comm, "mlcomm's set-up of the node's shared window")

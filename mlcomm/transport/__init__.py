@@ -20,19 +20,26 @@ one per path of :data:`PATHS`; a byte is counted once, by the rank that moves it
 
 - ``messages``: the bytes of every message this rank sends (:mod:`~mlcomm.transport.mpi`);
 - ``window``: the bytes this rank reads from its node peers' window slots
-  (:mod:`~mlcomm.transport.shm`, counted at a run's first post);
+  (:mod:`~mlcomm.transport.window`, counted at a run's first post);
 - ``single_copy``: the bytes this rank reads from or writes into its node peers' own
   buffers (:mod:`~mlcomm.transport.peer`).
 
 The MPI library's own collectives (:mod:`~mlcomm.transport.native`) move bytes that the
 library decides and does not report; they are not counted.
+
+Each transport is a package here with a ``bind(site)`` that builds its :class:`Transport`
+for one binding (:class:`Site`: the plan, the buffers, the communicator, the node window);
+:mod:`mlcomm.transport.registry` maps each transport id a program names to that factory.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any, Callable
 
-__all__ = ["Transport", "FAULT", "compile_calls", "PATHS", "MESSAGES", "WINDOW", "SINGLE_COPY"]
+__all__ = ["Transport", "Site", "FAULT", "compile_calls", "PATHS", "MESSAGES", "WINDOW",
+           "SINGLE_COPY"]
 
 #: what ``test`` and ``start`` return when a transfer went wrong
 FAULT = -1
@@ -77,3 +84,25 @@ class Transport:
 
     def free(self) -> None:
         """Release the transport's handles; it is not used again."""
+
+
+@dataclass(frozen=True)
+class Site:
+    """What a transport's ``bind(site)`` builds its :class:`Transport` on: one plan bound to
+    one pair of buffers."""
+
+    #: the communicator
+    comm: Any
+    #: the plan (:class:`mlcomm.runtime.plan.Plan`): its program, schedule, dtype and op
+    plan: Any
+    #: the host addresses of the program's buffers by id (input, output, scratch, then the
+    #: window slots); ``[0, 0]`` on device buffers
+    addresses: list
+    #: ``message(transfer)``: a transfer's bytes as mpi4py takes them
+    message: Callable
+    #: the session's int64 counters, one per path of :data:`PATHS`
+    moved: Any = None
+    #: the node window (:class:`mlcomm.transport.window.NodeWindow`), or None
+    window: Any = None
+    #: the buffers are device vectors
+    device: bool = False

@@ -14,11 +14,11 @@ import numpy as np
 from mpi4py import MPI
 from numba import carray
 
-from .cabi import ccall2, ccall3, ccall4, i64_array_at
-from ..kernels import OP_TABLE, OPS, normalize_op
-from . import FAULT, Transport, compile_calls
+from ..cabi import ccall2, ccall3, ccall4, i64_array_at
+from ...kernels import OP_TABLE, OPS, normalize_op
+from .. import FAULT, Transport, compile_calls
 
-__all__ = ["PointToPoint", "op_name", "describe_error", "abort_job"]
+__all__ = ["PointToPoint", "bind", "op_name", "describe_error", "abort_job"]
 
 #: the tag of a program's messages (a watched wait's roll call has its own)
 TAG = 0
@@ -127,7 +127,7 @@ class PointToPoint(Transport):
 
     def _context(self, widest):
         """The int64 context the compiled start/test read (None when they are unavailable)."""
-        from .libmpi import MPILibraryError, symbol
+        from ..libmpi import MPILibraryError, symbol
         try:
             fns = [symbol(f"MPI_{n}") for n in ("Startall", "Testall", "Get_count")]
         except MPILibraryError:
@@ -237,3 +237,8 @@ def abort_job(message: str | None = None, code: int = 1, comm=None) -> None:
         (comm or MPI.COMM_WORLD).Abort(code)
     finally:
         os._exit(code)
+
+
+def bind(site) -> PointToPoint:
+    """The persistent requests of ``site``'s program's transfers (:class:`mlcomm.transport.Site`)."""
+    return PointToPoint(site.comm, site.plan.program.transfers, site.message, site.moved)

@@ -24,11 +24,11 @@ from functools import lru_cache
 import numpy as np
 from numba import carray
 
-from .. import config
-from .cabi import call0, call6, i64_array_at, load_acquire
-from . import FAULT, PATHS, SINGLE_COPY, Transport, compile_calls
+from ... import config
+from ..cabi import call0, call6, i64_array_at, load_acquire
+from .. import FAULT, PATHS, SINGLE_COPY, Transport, compile_calls
 
-__all__ = ["probe", "PeerCopies"]
+__all__ = ["probe", "PeerCopies", "bind"]
 
 _PR_SET_PTRACER, _PR_SET_PTRACER_ANY = 0x59616D61, ctypes.c_ulong(-1)
 _ERRNO_AT, _FAILED, _GOT, _ERRNO, _IOV = 0, 1, 2, 3, 4  # _IOV: two iovecs, four words
@@ -137,7 +137,7 @@ class PeerCopies(Transport):
     :data:`mlcomm.transport.PATHS`)."""
 
     def __init__(self, window, fetches, addresses, ranks, moved=None):
-        from .cabi import libc_address
+        from ..cabi import libc_address
         self.fetches, self.ranks = tuple(fetches), tuple(ranks)
         ctx = np.zeros(_HEAD + _WORDS * max(len(self.fetches), 1), np.int64)
         ctx[_ERRNO_AT] = libc_address("__errno_location")
@@ -178,3 +178,14 @@ class PeerCopies(Transport):
                 f"{'to' if f.write else 'from'} rank {self.ranks[f.peer]}'s "
                 f"{'output' if f.source else 'input'} failed ({why}); set "
                 f"MLCOMM_SINGLE_COPY=0 to use the window's copies instead")
+
+
+def bind(site) -> PeerCopies:
+    """The single copies of ``site``'s program (:class:`mlcomm.transport.Site`), where the
+    node allows them."""
+    window, plan = site.window, site.plan
+    if not window.single_copy:
+        raise ValueError(f"{plan.describe()} reads its node peers' memory, which this "
+                         f"node does not allow: {window.single_copy_error}")
+    return PeerCopies(window, plan.program.fetches, site.addresses, plan.schedule.node,
+                      site.moved)

@@ -27,11 +27,11 @@ import numpy as np
 from mpi4py import MPI
 from numba import carray
 
-from .cabi import i64_array_at, load_acquire, store_release
-from ..ir.schedule import TURN_BYTES
-from . import PATHS, WINDOW, Transport, compile_calls
+from ..cabi import i64_array_at, load_acquire, store_release
+from ...ir.schedule import TURN_BYTES
+from .. import PATHS, WINDOW, Transport, compile_calls
 
-__all__ = ["NodeWindow", "NodeSync", "WindowError", "CONTROL_BYTES", "ADDRESSES"]
+__all__ = ["NodeWindow", "NodeSync", "bind", "WindowError", "CONTROL_BYTES", "ADDRESSES"]
 
 #: bytes before each slot: the flag, alone in its cache line, then the published addresses
 CONTROL_BYTES = 128
@@ -94,7 +94,7 @@ class NodeWindow:
         self._turn = np.zeros(1, np.int64)
         self.turn_address = self._turn.__array_interface__["data"][0]
         win.Fence()  # the zeroed flags are visible to every rank before any post
-        from .peer import probe
+        from ..peer import probe
         self.pids, self.single_copy_error = probe(node)
         self.single_copy = self.single_copy_error is None
 
@@ -214,3 +214,11 @@ class NodeSync(Transport):
 
     def free(self) -> None:
         self.compiled = None
+
+
+def bind(site) -> NodeSync:
+    """The node synchronisations of ``site``'s program on its window
+    (:class:`mlcomm.transport.Site`)."""
+    program, schedule = site.plan.program, site.plan.schedule
+    return NodeSync(site.window, program.syncs, schedule.node.index(schedule.rank),
+                    schedule.node, site.addresses[:2], site.moved, program.moved[WINDOW])

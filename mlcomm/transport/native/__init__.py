@@ -22,11 +22,12 @@ import numpy as np
 from mpi4py import MPI
 from numba import carray
 
-from .cabi import ccall4, ccall5, ccall6, ccall7, ccall8, i64_array_at
-from ..kernels import OP_TABLE
-from . import FAULT, Transport, compile_calls
+from ..cabi import ccall4, ccall5, ccall6, ccall7, ccall8, i64_array_at
+from ...ir.program import IN_PLACE
+from ...kernels import OP_TABLE
+from .. import FAULT, Transport, compile_calls
 
-__all__ = ["LibraryCollectives", "NativeCall", "KINDS", "native_call", "native_dtype_ok",
+__all__ = ["LibraryCollectives", "NativeCall", "bind", "KINDS", "native_call", "native_dtype_ok",
            "supports"]
 
 
@@ -165,7 +166,7 @@ class LibraryCollectives(Transport):
     the module docstring)."""
 
     def __init__(self, comm, calls, dtype, op):
-        from .libmpi import MPILibraryError, symbol
+        from ..libmpi import MPILibraryError, symbol
         self.comm, self.calls = comm, tuple(calls)
         self.datatype = datatype(dtype)
         self.op = _mpi_op(op)
@@ -250,7 +251,7 @@ class LibraryCollectives(Transport):
         return None
 
     def fault(self) -> str:
-        from .mpi import describe_error
+        from ..mpi import describe_error
         code = self._fault if self._fault is not None else int(self._ctx[_ERROR])
         self._fault = None
         return f"the MPI library's collective failed: {describe_error(code)}"
@@ -268,3 +269,16 @@ def _word(value: int) -> int:
 
 def _address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
+
+
+def bind(site) -> LibraryCollectives:
+    """The library's collectives of ``site``'s program, on host buffers
+    (:class:`mlcomm.transport.Site`)."""
+    plan, at = site.plan, site.addresses
+    if site.device:
+        raise TypeError(f"{plan.describe()} runs on host buffers here; device buffers "
+                        f"go to the MPI library through mlcomm.allreduce")
+    calls = [NativeCall(c.kind, None if c.send == IN_PLACE else at[c.send] + c.send_at,
+                        at[c.recv] + c.recv_at, c.count, c.root, c.blocking)
+             for c in plan.program.calls]
+    return LibraryCollectives(site.comm, calls, plan.dtype, plan.op)
