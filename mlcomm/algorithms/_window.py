@@ -190,6 +190,6 @@ def host_only(layout, device) -> str | None:
 def one_node(layout, device, instead: str) -> str | None:
     """Why an algorithm of one node's window cannot run on ``layout``: :func:`host_only`,
     or ranks on more than one node (use ``instead``)."""
-    if layout.node_count > 1:
-        return host_only(layout, device) or f"spans {layout.node_count} nodes (use {instead})"
-    return host_only(layout, device)
+    nodes = layout.node_count
+    return host_only(layout, device) or (f"spans {nodes} nodes (use {instead})" if nodes > 1
+                                         else None)
