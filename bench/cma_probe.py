@@ -36,7 +36,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-import mlcomm.algorithms.shared_memory as shm
+import mlcomm.algorithms._window as node_window
 from mlcomm.cli import parse_args
 from mlcomm.cli.args import size as parse_size
 from mlcomm.transport.peer import move
@@ -46,13 +46,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-s", "--size", type=parse_size, default=16 << 20)
     parser.add_argument("-r", "--rounds", type=int, default=15)
-    parser.add_argument("--read-chunk", type=parse_size, default=shm.READ_CHUNK_BYTES,
+    parser.add_argument("--read-chunk", type=parse_size, default=node_window.READ_CHUNK_BYTES,
                         help="shm-single-copy's chunk (default the library's, "
-                             f"{shm.READ_CHUNK_BYTES >> 10} KiB)")
+                             f"{node_window.READ_CHUNK_BYTES >> 10} KiB)")
     args = parse_args(parser)
     if args.read_chunk < 4:
         parser.error(f"--read-chunk {args.read_chunk}: give at least one element, e.g. 512K")
-    shm.READ_CHUNK_BYTES = args.read_chunk  # before the first plan of this process
+    node_window.READ_CHUNK_BYTES = args.read_chunk  # before the first plan of this process
     comm = MPI.COMM_WORLD
     rank, p = comm.Get_rank(), comm.Get_size()
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)

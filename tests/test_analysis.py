@@ -274,7 +274,8 @@ def test_simulate_cli_switches_to_closed_forms(tmp_path):
 
 def test_auto_follows_the_profile(tmp_path, monkeypatch):
     from mlcomm.model.machine import save_profile
-    from mlcomm.session.auto import auto_choice, explain
+    from mlcomm.model.cost import explain
+    from mlcomm.session.auto import auto_choice
     path = tmp_path / "profile.json"
     monkeypatch.setenv("MLCOMM_PROFILE", str(path))
     save_profile(Profile(alpha=1e-3, beta=1e-12, gamma=1e-12), path)
@@ -325,7 +326,7 @@ _AUTO_SCRIPT = """
 import numpy as np
 from mpi4py import MPI
 import mlcomm
-from mlcomm.session.auto import explain
+from mlcomm.model.cost import explain
 comm = MPI.COMM_WORLD
 x = np.arange(5000, dtype=np.float64) * (comm.Get_rank() + 1)
 want = np.empty_like(x)
@@ -338,8 +339,8 @@ if comm.Get_rank() == 0:
 
 
 def test_tuned_choices_win_over_the_model_for_their_rank_count(tmp_path, monkeypatch):
+    from mlcomm.model.cost import explain
     from mlcomm.model.machine import save_profile
-    from mlcomm.session.auto import explain
     table = [[8, "naive"], [1024, "ring"], [1 << 20, "single_master"]]
     prof = Profile(alpha=1e-3, beta=1e-12, gamma=1e-12, tuned={"4": table})
     # the tuned size nearest on a log scale: 100 B is nearer 1 KiB than 8 B

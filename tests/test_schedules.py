@@ -229,9 +229,9 @@ def test_shared_memory_refuses_more_than_one_node():
 @pytest.mark.parametrize("p", range(1, 17))
 def test_shared_memory_single_copy_exact(p, monkeypatch):
     """Reads of peers' buffers: exact in and out of place, in one read chunk or many."""
-    import mlcomm.algorithms.shared_memory as shm
+    import mlcomm.algorithms._window as window
     for read_bytes in (8, 8 * 5, 1 << 20):
-        monkeypatch.setattr(shm, "READ_CHUNK_BYTES", read_bytes)
+        monkeypatch.setattr(window, "READ_CHUNK_BYTES", read_bytes)
         for count in sorted({0, 1, p - 1, p + 1, 97}):
             for in_place in (False, True):
                 check_collective(build_schedules("shared_memory", p, count, single_copy=True,
@@ -243,10 +243,10 @@ def test_hierarchical_single_copy_exact(p, monkeypatch):
     """hierarchical's intra-node phases by reads of the peers' inputs and writes into their
     outputs: random node sizes, one read chunk or many, in place and out of place."""
     import random
-    import mlcomm.algorithms.shared_memory as shm
+    import mlcomm.algorithms._window as window
     rng = random.Random(p)
     for read_bytes in (8 * 3, 1 << 20):
-        monkeypatch.setattr(shm, "READ_CHUNK_BYTES", read_bytes)
+        monkeypatch.setattr(window, "READ_CHUNK_BYTES", read_bytes)
         for count in sorted({0, 1, p + 1, 97}):
             nodes = _random_nodes(p, rng)
             check_collective(build_schedules(
@@ -281,9 +281,9 @@ def test_the_local_executor_finds_single_copy_races():
 def test_the_local_executor_finds_a_peer_write_the_last_barrier_does_not_cover(monkeypatch):
     """Parts reduced in chunks, each written into every peer's output: writes made after the
     last barrier's post are not seen by the peers before they return."""
-    import mlcomm.algorithms.shared_memory as shm
+    import mlcomm.algorithms._window as window
     from mlcomm.ir.schedule import peer_of
-    monkeypatch.setattr(shm, "READ_CHUNK_BYTES", 16)  # parts of 10 doubles in 5 chunks
+    monkeypatch.setattr(window, "READ_CHUNK_BYTES", 16)  # parts of 10 doubles in 5 chunks
     schedules = build_schedules("shared_memory", 3, 30, single_copy=True, single_copy_bytes=8)
     check_collective(schedules)
     for s in schedules:  # the last chunk's writes move into the barrier's step

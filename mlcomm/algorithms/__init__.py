@@ -1,10 +1,12 @@
-"""The algorithm registry: every collective's algorithms by name."""
+"""The algorithm registry: every collective's algorithms by name, and where each applies."""
 
-from ._registry import ALGORITHMS, COLLECTIVES, Algorithm, register
+from ._registry import ALGORITHMS, COLLECTIVES, Algorithm, Layout, register, weighed
+from ._window import DEFAULT_SLOT_BYTES
 from . import (naive, single_master, parameter_server, ring, double_binary_tree,  # noqa: F401
                recursive_halving_doubling, recursive_doubling, shared_memory, hierarchical,
                collectives, shm_collectives, native)
 from .native import AUTO, MPI_NATIVE, build_schedules, native_schedule, resolve
 
-__all__ = ["ALGORITHMS", "COLLECTIVES", "Algorithm", "register",
-           "AUTO", "MPI_NATIVE", "build_schedules", "native_schedule", "resolve"]
+__all__ = ["ALGORITHMS", "COLLECTIVES", "Algorithm", "Layout", "register", "weighed",
+           "DEFAULT_SLOT_BYTES", "AUTO", "MPI_NATIVE", "build_schedules", "native_schedule",
+           "resolve"]

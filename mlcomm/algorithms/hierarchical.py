@@ -22,9 +22,9 @@ from ..ir.schedule import (INPUT, OUTPUT, SCRATCH, Copy, Recv, Reduce, Region, S
     chunk_bounds, slot)
 from ._common import elements
 from ._registry import COLLECTIVES, register
-from .shared_memory import COPY, DEFAULT_SLOT_BYTES, SINGLE_COPY_BYTES, Barriers, \
-    await_addresses, exchange, node_of, read_steps, reduce_as_posted, reduce_from_peers, \
-    write_to_peers
+from ._window import (COPY, DEFAULT_SLOT_BYTES, SINGLE_COPY_BYTES, Barriers, await_addresses,
+                      exchange, host_only, node_of, read_steps, reduce_as_posted,
+                      reduce_from_peers, write_to_peers)
 
 __all__ = ["build", "cost", "embed", "INTRA", "PART_BYTES"]
 
@@ -69,9 +69,8 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
     if intra not in INTRA:
         raise ValueError(f"intra={intra!r}: choose one of {', '.join(INTRA)}")
     flat = COLLECTIVES["allreduce"].get(inter)
-    if flat is None or not flat.hand_written or flat.context:
-        valid = sorted(n for n, a in COLLECTIVES["allreduce"].items()
-                       if a.hand_written and not a.context)
+    if flat is None or not flat.flat:
+        valid = sorted(n for n, a in COLLECTIVES["allreduce"].items() if a.flat)
         raise ValueError(f"inter={inter!r}: choose a flat algorithm, one of {', '.join(valid)}")
     nodes = tuple(tuple(n) for n in nodes) if nodes is not None else (tuple(range(size)),)
     node = node_of(rank, size, nodes)
@@ -238,7 +237,15 @@ def cost(p, nbytes, alpha, beta, gamma, nodes=None, slot_bytes=DEFAULT_SLOT_BYTE
                              **dict(inter_options))
 
 
+def weigh(layout, device):
+    """``auto`` weighs it across nodes where some node has more than one rank: on one node
+    ``shared_memory`` is the window's schedule, and with one rank a node there is no node
+    phase (``inter`` alone)."""
+    return layout.node_count > 1 and layout.largest > 1
+
+
 register("hierarchical", "allreduce", build, cost,
          {"inter": "auto", "intra": "shared_memory", "inter_options": (),
           "part_bytes": PART_BYTES, "single_copy_bytes": SINGLE_COPY_BYTES},
-         aliases=("two_level", "hier"), context=("nodes", "slot_bytes", "single_copy"))
+         aliases=("two_level", "hier"), context=("nodes", "slot_bytes", "single_copy"),
+         refuse=host_only, weigh=weigh)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from ..ir.schedule import INPUT, OUTPUT, Region, Timeline, slot
 from ._common import elements
 from ._registry import register
-from .shared_memory import (COPY, DEFAULT_SLOT_BYTES, Barriers, exchange, reduce_as_posted,
-                            whole_node)
+from ._window import (COPY, DEFAULT_SLOT_BYTES, Barriers, exchange, one_node, reduce_as_posted,
+                      whole_node)
 
 __all__ = ["reduce_scatter", "allgather", "bcast", "reduce"]
 
@@ -145,11 +145,18 @@ def _cost(p, nbytes, alpha, beta, gamma, **_):
     return 2 * alpha / 4 + 2 * nbytes * COPY * beta + (p - 1) / p * nbytes * gamma
 
 
-_CONTEXT = ("nodes", "slot_bytes")
-register("shared_memory", "reduce_scatter", reduce_scatter, _cost, aliases=("shm",),
-         context=_CONTEXT)
-register("shared_memory", "allgather", allgather, _cost, aliases=("shm",), context=_CONTEXT)
-register("shared_memory", "bcast", bcast, _cost, {"root": 0}, aliases=("shm",),
-         context=_CONTEXT)
-register("shared_memory", "reduce", reduce, _cost, {"root": 0}, aliases=("shm",),
-         context=_CONTEXT)
+def _refuse(layout, device):
+    """Host buffers, every rank on one node (across nodes: the flat algorithms)."""
+    return one_node(layout, device, "ring or binary_tree")
+
+
+def _weigh(layout, device):
+    """``auto`` takes the window wherever it runs on more than one rank."""
+    return layout.size > 1
+
+
+_WHERE = {"context": ("nodes", "slot_bytes"), "refuse": _refuse, "weigh": _weigh}
+register("shared_memory", "reduce_scatter", reduce_scatter, _cost, aliases=("shm",), **_WHERE)
+register("shared_memory", "allgather", allgather, _cost, aliases=("shm",), **_WHERE)
+register("shared_memory", "bcast", bcast, _cost, {"root": 0}, aliases=("shm",), **_WHERE)
+register("shared_memory", "reduce", reduce, _cost, {"root": 0}, aliases=("shm",), **_WHERE)

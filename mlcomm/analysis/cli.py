@@ -263,7 +263,7 @@ def _node_aware() -> list:
 def _explain(args) -> int:
     import dataclasses
 
-    from ..session.auto import explain
+    from ..model.cost import explain
     from .metrics import node_layout
     if not is_root():
         return 0
@@ -306,7 +306,7 @@ def _explain(args) -> int:
 
 def _explain_model(args, nbytes, choice, times, profile, itemsize) -> None:
     """auto's own model (closed forms on one node), the node-aware algorithms beside it."""
-    from ..session.auto import predict
+    from ..model.cost import predict
     from .metrics import not_applicable
     if args.algorithms is None:
         extra = [n for n in _node_aware() if n not in times and not not_applicable(n, args.ranks)]

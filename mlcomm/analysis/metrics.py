@@ -38,11 +38,11 @@ def node_layout(p: int, ranks_per_node: int | None = None) -> tuple:
 
 
 def not_applicable(name: str, p: int, ranks_per_node: int | None = None) -> str | None:
-    """Why ``name`` cannot run on this layout (``shared_memory`` across nodes), else None."""
-    nodes = len(node_layout(p, ranks_per_node))
-    if name == "shared_memory" and nodes > 1:
-        return f"spans {nodes} nodes (use hierarchical)"
-    return None
+    """Why ``name`` cannot run on this layout (host buffers), as its registry entry says
+    (``shared_memory`` across nodes), else None."""
+    from ..algorithms import ALGORITHMS, Layout
+    algo = ALGORITHMS.get(name)
+    return algo.why_not(Layout(p, node_layout(p, ranks_per_node))) if algo else None
 
 
 def inter_choice(nodes: int, nbytes: int, network: Network, itemsize: int = 8) -> str:
@@ -50,7 +50,7 @@ def inter_choice(nodes: int, nbytes: int, network: Network, itemsize: int = 8) -
     ranks, one per node, with the inter-node alpha and beta (and ``network``'s gamma) as
     its profile."""
     from ..model.machine import Profile
-    from ..session.auto import explain, flat_algorithms
+    from ..model.cost import explain, flat_algorithms
     if nodes < 2:
         return flat_algorithms()[0]
     profile = Profile(alpha=network.between_alpha, beta=network.between_beta,
@@ -66,8 +66,7 @@ def build_options(name: str, p: int, nbytes: int, *, itemsize: int = 8,
     context a job's session supplies (the node layout of ``ranks_per_node``, the window's
     slot size unless ``options`` names ``slot_bytes``); ``inter="auto"`` resolved by
     :func:`inter_choice`."""
-    from ..algorithms import ALGORITHMS, AUTO
-    from ..algorithms.shared_memory import DEFAULT_SLOT_BYTES
+    from ..algorithms import ALGORITHMS, AUTO, DEFAULT_SLOT_BYTES
     algo = ALGORITHMS[name]
     opts = {k: v for k, v in (options or {}).items()
             if k in algo.options or (k in algo.context and k != "nodes")}

@@ -24,7 +24,7 @@ from ..units import format_size
 __all__ = [
     "RECORD_KEYS", "EXTRA_KEYS", "BenchConfig",
     "size_list", "default_iters",
-    "resolve_algorithms", "options_for", "applicable", "run_bench", "interleaved",
+    "resolve_algorithms", "options_for", "left_out", "run_bench", "interleaved",
     "peak_rss_mib", "baseline_label",
 ]
 
@@ -352,14 +352,15 @@ def _auto_ran(comm, count, dtype, op):
             or auto_ran(session, "allreduce", count, dtype, op, device=True))
 
 
-def applicable(algorithms, comm, device: bool) -> list:
-    """The algorithms that can run on ``comm``'s node layout and buffers (collective)."""
-    from ..algorithms import ALGORITHMS
+def left_out(algorithms, comm, device: bool) -> dict:
+    """``{name: why}`` for those of ``algorithms`` that cannot run on ``comm``'s node layout
+    and buffers, as their registry entries say (collective)."""
+    from ..algorithms import ALGORITHMS, Layout
     from ..session import get as session_of
-    one_node = len(session_of(comm).nodes) == 1
-    window = lambda name: name in ALGORITHMS and ALGORITHMS[name].window
-    return [name for name in algorithms
-            if not (window(name) and device or name == "shared_memory" and not one_node)]
+    layout = Layout(comm.Get_size(), session_of(comm).nodes)
+    why = {name: ALGORITHMS[name].why_not(layout, device)
+           for name in algorithms if name in ALGORITHMS}
+    return {name: reason for name, reason in why.items() if reason}
 
 
 def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
@@ -385,12 +386,11 @@ def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
     mdtype, mop, exact = _mpi_plan(dtype, op)
     baseline = baseline_label(dtype, op)
     staged = dev.name == "cuda" and not dev.aware
-    algorithms = applicable(cfg.algorithms, comm, dev.name == "cuda")
-    if len(algorithms) < len(cfg.algorithms) and rank == 0:
-        left = [a for a in cfg.algorithms if a not in algorithms]
-        print(f"# left out: {', '.join(left)} (needs host buffers on one node: "
-              f"shared_memory; host buffers: hierarchical)", flush=True)
-    cfg = dataclasses.replace(cfg, algorithms=algorithms)
+    left = left_out(cfg.algorithms, comm, dev.name == "cuda")
+    if left and rank == 0:
+        print(f"# left out: {'; '.join(f'{name}: {why}' for name, why in left.items())}",
+              flush=True)
+    cfg = dataclasses.replace(cfg, algorithms=[a for a in cfg.algorithms if a not in left])
 
     bar = None
     total = len(cfg.sizes) * len(cfg.placements)

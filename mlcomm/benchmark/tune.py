@@ -81,7 +81,7 @@ def tune(comm, sizes, *, rounds: int = ROUNDS, repeats: int = REPEATS, path=None
     ``mlcomm bench --quick`` does).
     """
     from ..model.machine import load_profile, save_profile
-    from ..session.auto import auto_candidates
+    from ..model.cost import auto_candidates
     from ..session import get as session_of
     from .harness import BenchConfig, run_bench
 

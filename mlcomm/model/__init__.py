@@ -1,1 +1,2 @@
-"""The machine model: the measured constants the cost model reads (a profile)."""
+"""The model: the machine's measured constants (:mod:`.machine`, a profile) and the cost
+model that reads them (:mod:`.cost`)."""

@@ -515,7 +515,7 @@ def _agreed_env(comm, leader):
     machine. ``MLCOMM_SHM_BYTES`` sizes each rank's window slot. Each variable must be the
     same on every rank; a ValueError naming the ranks that differ is raised on every rank.
     """
-    from ..algorithms.shared_memory import DEFAULT_SLOT_BYTES
+    from ..algorithms import DEFAULT_SLOT_BYTES
     names, mine = config.AGREED, config.agreed_raw()
     everyone = comm.allgather((mine, leader))
     for i, name in enumerate(names):

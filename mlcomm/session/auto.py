@@ -13,21 +13,17 @@ from __future__ import annotations
 import logging
 import time
 
-from functools import lru_cache
-
 import numpy as np
 
 from .. import config
-from ..algorithms import ALGORITHMS, AUTO, COLLECTIVES, MPI_NATIVE, resolve
-from ..algorithms.shared_memory import SINGLE_COPY_BYTES
-from ..ir.schedule import INPUT, Copy, Recv, Send, owner
-from ..model.machine import DEFAULT_GAMMA, DEFAULT_OP_OVERHEAD, DEFAULT_STEP_OVERHEAD, load_profile
+from ..algorithms import ALGORITHMS, AUTO, COLLECTIVES, MPI_NATIVE, Layout, resolve, weighed
+from ..model.cost import auto_candidates, explain
 from ..transport.native import supports as library_supports
 
 log = logging.getLogger("mlcomm")
 
-__all__ = ["requested", "auto_choice", "agreed_choice", "auto_ran", "plan_for", "explain",
-           "predict", "flat_algorithms", "auto_candidates", "round_order", "TRIAL_BYTES"]
+__all__ = ["requested", "auto_choice", "agreed_choice", "auto_ran", "plan_for", "round_order",
+           "TRIAL_BYTES"]
 
 #: a trial times a call of at most this many bytes (a larger call's band is judged by it)
 TRIAL_BYTES = 16 << 20
@@ -63,11 +59,12 @@ VARIANT_MARGIN = 1.15
 WINDOW_ONLY = (("single_copy_bytes", 1 << 62),)
 
 
-def _window_variant(nbytes):
-    """shared_memory (or hierarchical's intra-node phases) through the window where it would
-    read its peers' buffers: which is faster depends on whether the node's cores share a
-    cache (docs/performance.rst)."""
-    return [WINDOW_ONLY] if nbytes >= SINGLE_COPY_BYTES else []
+def _window_variant(name):
+    """``name`` (shared_memory, or hierarchical's intra-node phases) through the window where
+    it would read its peers' buffers (from its ``single_copy_bytes``): which is faster
+    depends on whether the node's cores share a cache (docs/performance.rst)."""
+    least = ALGORITHMS[name].options["single_copy_bytes"]
+    return lambda nbytes: [WINDOW_ONLY] if nbytes >= least else []
 
 
 #: the library's blocking collective, timed beside its non-blocking one (which yields the
@@ -75,8 +72,8 @@ def _window_variant(nbytes):
 BLOCKING = (("blocking", True),)
 
 #: name -> (bytes -> option sets) that a trial times beside the name's defaults
-VARIANTS = {"shared_memory": _window_variant, "hierarchical": _window_variant,
-            MPI_NATIVE: lambda nbytes: [BLOCKING]}
+VARIANTS = {"shared_memory": _window_variant("shared_memory"),
+            "hierarchical": _window_variant("hierarchical"), MPI_NATIVE: lambda nbytes: [BLOCKING]}
 
 
 def requested(algorithm, collective: str, default=None) -> str:
@@ -99,121 +96,20 @@ def _names(name, collective) -> bool:
     return any(name == a.name or name in a.aliases for a in COLLECTIVES[collective].values())
 
 
-_PREFER = ("recursive_doubling", "recursive_halving_doubling", "ring", "double_binary_tree",
-           "parameter_server", "single_master", "naive")
-
-
-@lru_cache(maxsize=512)
-def _local_work(name: str, p: int, count: int, itemsize: int, nodes=None) -> tuple:
-    """Message steps, local ops and copied bytes the closed forms omit, on the busiest
-    sampled rank (node synchronisations and window copies are in the closed forms).
-
-    Ranks 0, 1, p/2 and p-1 stand in for all: building every rank's schedule is O(p^2).
-    """
-    algo = ALGORITHMS[name]
-    context = {"nodes": nodes} if "nodes" in algo.context else {}
-    worst = (0, 0, 0.0)
-    for rank in sorted({0, min(1, p - 1), p // 2, p - 1}):
-        schedule = algo.build(rank, p, count, itemsize, **context)
-        ops = [op for step in schedule.steps for op in step.ops
-               if not any(owner(r.buffer) is not None for r in (op.dst, op.src))]
-        # a copy from input is free in place but not out of place: count it half
-        copied = sum(op.dst.count * (0.5 if op.src.buffer == INPUT else 1.0)
-                     for op in ops if isinstance(op, Copy))
-        steps = sum(1 for step in schedule.steps
-                    if any(isinstance(t, (Send, Recv)) for t in step.transfers))
-        work = (steps, len(ops), copied * itemsize)
-        worst = max(worst, work, key=lambda w: (w[0] * DEFAULT_STEP_OVERHEAD
-                                                 + w[1] * DEFAULT_OP_OVERHEAD + w[2] * DEFAULT_GAMMA))
-    return worst
-
-
-def flat_algorithms() -> list:
-    """The hand-written all-reduces that need no node layout."""
-    return [name for name, a in ALGORITHMS.items() if a.hand_written and not a.context]
-
-
-def auto_candidates(p: int, nodes=None, device: bool = False) -> list:
-    """The all-reduces ``auto`` weighs for ``p`` ranks on ``nodes``: the flat ones, and the
-    node window's where it applies (host buffers; ``shared_memory`` on one node,
-    ``hierarchical`` across nodes of more than one rank)."""
-    names = flat_algorithms()
-    if device or p == 1:
-        return names
-    if nodes is None or len(nodes) == 1:
-        return names + ["shared_memory"]
-    if max(len(n) for n in nodes) > 1:
-        return names + ["hierarchical"]
-    return names
-
-
-def predict(p: int, nbytes: int, *, profile=None, dtype=None, op=None,
-            candidates=None, itemsize: int = 4, nodes=None) -> dict:
-    """Predicted seconds of every candidate all-reduce on ``p`` ranks (``nodes``: the layout).
-
-    The closed form (the profile's alpha, beta, gamma) plus what the loop adds per message
-    step and per local op, and the local copies, counted on sampled ranks' schedules.
-    """
-    if profile is None:
-        profile = load_profile()
-    gamma = profile.gamma_for(dtype, op)
-    names = candidates or flat_algorithms()
-    out = {}
-    for name in names:
-        algo = ALGORITHMS[resolve(name)]
-        options = dict(algo.options)
-        if "nodes" in algo.context:
-            options["nodes"] = nodes
-        steps, ops, copied = _local_work(algo.name, p, nbytes // itemsize, itemsize,
-                                         nodes if algo.context else None)
-        out[algo.name] = float(algo.cost(p, nbytes, profile.alpha, profile.beta, gamma,
-                                         **options)
-                               + steps * profile.step_overhead + ops * profile.op_overhead
-                               + copied * gamma)
-    return out
-
-
-def explain(p: int, nbytes: int, *, profile=None, dtype=None, op=None, candidates=None,
-            itemsize: int = 4, nodes=None, device: bool = False):
-    """Return ``(choice, {name: predicted seconds}, profile)`` for an all-reduce of ``nbytes``
-    on ``p`` ranks laid out on ``nodes`` (None: one node).
-
-    A tuned choice (``mlcomm tune``) for ``p`` wins over the predictions.
-    """
-    if profile is None:
-        profile = load_profile()
-    names = candidates or auto_candidates(p, nodes, device)
-    tuned = profile.tuned_choice(p, nbytes)
-    if tuned == MPI_NATIVE and not candidates:  # measured: the library was the fastest
-        names = [*names, MPI_NATIVE]
-    times = predict(p, nbytes, profile=profile, dtype=dtype, op=op, candidates=names,
-                    itemsize=itemsize, nodes=nodes)
-    if tuned in times:
-        return tuned, times, profile
-    # exact ties (p = 2, where several schedules coincide) go to the earlier name in _PREFER
-    rank = {name: i for i, name in enumerate(_PREFER)}
-    best = min(times.values())
-    near = lambda t: round(t / best, 9) if best > 0 else t  # float noise is a tie
-    choice = min(times, key=lambda name: (near(times[name]), rank.get(name, len(rank))))
-    return choice, times, profile
-
-
 def auto_choice(collective: str, p: int, nbytes: int, *, dtype=None, op=None,
                 itemsize: int = 4, nodes=None, device: bool = False) -> str:
     """The measured choice of ``mlcomm tune``, else the least predicted time, as NCCL's tuner picks.
 
-    Each candidate's closed-form cost (:func:`candidates`: the flat all-reduces and,
-    knowing the node layout, the node window's), plus the loop's per-step and per-op
-    overhead and its local copies, is evaluated with the calibrated profile (``mlcomm
-    calibrate``; built-in defaults without one). ``MLCOMM_DEBUG=1`` logs the choice and
-    every candidate's prediction.
+    Each candidate's closed-form cost (:func:`mlcomm.model.cost.auto_candidates`: the
+    algorithms whose registry entry is weighed on the node layout), plus the loop's per-step
+    and per-op overhead and its local copies, is evaluated with the calibrated profile
+    (``mlcomm calibrate``; built-in defaults without one). The other collectives take the
+    node window's algorithm where it is weighed, else the first flat one. ``MLCOMM_DEBUG=1``
+    logs the choice and every candidate's prediction.
     """
-    if collective != "allreduce":
-        names = [name for name, a in COLLECTIVES[collective].items() if a.hand_written]
-        single = nodes is None or len(nodes) == 1
-        if single and not device and p > 1 and "shared_memory" in names:
-            return "shared_memory"
-        return next(name for name in names if not COLLECTIVES[collective][name].context)
+    if collective != "allreduce":  # the node window's where it is weighed, else a flat one
+        names = weighed(Layout(p, nodes), device, collective)
+        return next((name for name in names if COLLECTIVES[collective][name].context), names[0])
     choice, times, profile = explain(p, nbytes, dtype=dtype, op=op, itemsize=itemsize,
                                      nodes=nodes, device=device)
     _log_prediction(p, nbytes, choice, times, profile)
@@ -352,8 +248,8 @@ def _trial(session, trial, count, dtype, op) -> tuple:
         times = _first_calls(session, [trial[i] for i in keep], m, dtype, op, sync)
         spent += times.sum()
         keep = [i for i, t in zip(keep, times) if t <= TRIAL_PROBE_PRUNE * times.min()]
-    # written memory, as a caller's: pages never written all map the kernel's zero page, and
-    # single-copy reads of them took twice as long (process_vm_readv)
+    # written memory, as a caller's: pages never written all map the kernel's zero page,
+    # and single-copy reads (process_vm_readv) of it are slower than of written pages
     inp, out = np.ones(n, dtype), np.ones(n, dtype)
     bindings = {}
     try:

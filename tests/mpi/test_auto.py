@@ -8,7 +8,8 @@ import pytest
 import mlcomm
 from mlcomm import session
 from mlcomm.session import auto
-from mlcomm.algorithms.shared_memory import SINGLE_COPY_BYTES
+from mlcomm.algorithms import ALGORITHMS
+from mlcomm.model.cost import auto_candidates
 
 from mpi_helpers import COMM, agree
 
@@ -38,7 +39,7 @@ def test_measured_once_per_band_same_everywhere_exact(fresh, monkeypatch, count)
     COMM.Allreduce(x, ref)
     agree(np.array_equal(got, ref), "auto's int32 sum differs from MPI_Allreduce")
     bands = _bands(s)
-    candidates = auto.auto_candidates(P, s.nodes) + ["hierarchical", "mpi"]
+    candidates = auto_candidates(P, s.nodes) + ["hierarchical", "mpi"]
     if P == 1:
         agree(not bands, f"a single rank has nothing to time: {bands}")
         return
@@ -109,6 +110,7 @@ def test_shared_memory_is_timed_through_its_window_too_where_it_would_read(fresh
     if len(s.nodes) > 1:
         pytest.skip("needs one node")
     f32 = np.dtype(np.float32)
+    SINGLE_COPY_BYTES = ALGORITHMS["shared_memory"].options["single_copy_bytes"]
     for nbytes, variants in ((SINGLE_COPY_BYTES // 2, 0), (SINGLE_COPY_BYTES, 1)):
         _, trial = auto._propose("allreduce", P, nbytes // 4, f32, "sum", s.nodes, False,
                                    False)

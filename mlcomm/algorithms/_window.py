@@ -1,0 +1,195 @@
+"""The node window's pieces that ``shared_memory``, ``hierarchical`` and the window's other
+collectives (:mod:`.shm_collectives`) share: the node's barriers, the rounds through a
+slot's two halves, reductions of the slots as their owners post them, single-copy reads
+of the peers' inputs and writes into their outputs, and where a window algorithm applies.
+"""
+
+from __future__ import annotations
+
+from ..ir.schedule import INPUT, OUTPUT, SCRATCH, Region, Timeline, peer, slot
+
+__all__ = ["node_of", "whole_node", "Barriers", "exchange", "reduce_as_posted",
+           "await_addresses", "reduce_from_peers", "write_to_peers", "read_steps",
+           "host_only", "one_node", "DEFAULT_SLOT_BYTES", "SINGLE_COPY_BYTES",
+           "READ_CHUNK_BYTES", "COPY"]
+
+#: each rank's window slot when the communicator does not say (``MLCOMM_SHM_BYTES``)
+DEFAULT_SLOT_BYTES = 4 << 20
+#: vectors from this many bytes read their peers' inputs and write their outputs in place of
+#: the window's copies, where the node allows it
+SINGLE_COPY_BYTES = 64 << 10
+#: a single-copy reduce-scatter reads a peer's part this much at a time into scratch
+#: (``bench/cma_probe.py --read-chunk`` times other sizes)
+READ_CHUNK_BYTES = 512 << 10
+#: a copy through the window, per byte, as a fraction of beta: a message through MPI's
+#: shared memory is two copies (into a shared cell and out), the window's one
+COPY = 0.5
+
+
+def node_of(rank: int, size: int, nodes) -> tuple:
+    """The ranks of ``rank``'s node in local order (every rank when ``nodes`` is None)."""
+    if nodes is None:
+        return tuple(range(size))
+    for node in nodes:
+        if rank in node:
+            return tuple(node)
+    raise ValueError(f"nodes={nodes!r} does not place rank {rank}")
+
+
+def whole_node(rank: int, size: int, nodes, what: str, instead: str) -> tuple:
+    """:func:`node_of`, which must hold every rank: else a ValueError saying that ``what``
+    needs one node, and to use ``instead``."""
+    node = node_of(rank, size, nodes)
+    if len(node) != size:
+        raise ValueError(f"{what} needs every rank on one node; this communicator spans "
+                         f"{len(nodes)} nodes: use {instead}")
+    return node
+
+
+class Barriers:
+    """A rank's posts on its node flag in one collective, and the awaits that pair with them."""
+
+    def __init__(self, tl: Timeline, node: tuple):
+        self.tl, self.node, self.posts = tl, node, 0
+        tl.node = node
+
+    def begin(self, t: int) -> None:
+        """Wait until every rank of the node has finished the previous collective."""
+        for q in self.node:
+            self.tl.wait(t, q, 0)
+
+    def take_turn(self, t: int) -> None:
+        """Begin on the window's turn areas instead (``Schedule.turns``): no wait for the
+        previous collective's readers, only this rank's own await that takes the flag base.
+        The collective must then await a post of every other rank of the node."""
+        self.tl.turns = True
+        self.tl.wait(t, self.tl.rank, 0)
+
+    def post(self, t: int) -> int:
+        """Publish this rank's writes so far; return the post's number."""
+        self.posts += 1
+        self.tl.post(t, self.posts)
+        return self.posts
+
+    def wait(self, t: int, q: int, count: int) -> None:
+        """Wait for rank ``q``'s post ``count`` (nothing for this rank's own)."""
+        if q != self.tl.rank:
+            self.tl.wait(t, q, count)
+
+    def barrier(self, t: int) -> None:
+        """Publish this rank's writes so far and wait for every other rank's."""
+        count = self.post(t)
+        for q in self.node:
+            self.wait(t, q, count)
+
+    def end(self, t: int) -> None:
+        """Say that this rank has finished reading the window."""
+        self.post(t)
+
+
+def reduce_as_posted(tl, t, sync, post, dst, at, count):
+    """``dst = slot[node[0]] ⊕ slot[node[1]] ⊕ …`` in local order, each slot awaited (its
+    owner's post ``post``) in the step that first reads it, so a rank reduces what has
+    arrived while later ranks are still writing. Returns the first slot after it."""
+    node = sync.node
+    for k, q in enumerate(node):
+        step = t + max(k - 1, 0)
+        sync.wait(step, q, post)
+        if k:
+            tl.reduce(step, dst, Region(slot(q), at, count),
+                      left=Region(slot(node[0]), at, count) if k == 1 else None)
+    if len(node) == 1:
+        tl.copy(t, dst, Region(slot(node[0]), at, count))
+    return t + max(len(node) - 1, 1)
+
+
+def exchange(tl, sync, half, starts, write, read, t=0, reads=None):
+    """Rounds through the two halves of each slot (``half`` elements each): in round c every
+    rank writes (``write(t, c, base, a)``, ``base`` the half's first element, ``a`` the
+    round's ``starts[c]``), posts, reads once the writers it needs have posted
+    (``read(t, c, base, a, posted)`` returns the next free step), and posts that it has
+    read. A half is written again only after every rank's read post for it. ``reads``
+    carries the read posts (and the halves' turns) on from an earlier exchange of the same
+    collective. Returns the next free step."""
+    reads = [] if reads is None else reads
+    for a in starts:
+        c = len(reads)
+        base = (c % 2) * half
+        if c >= 2:  # every rank has read this half two rounds ago
+            for q in sync.node:
+                sync.wait(t, q, reads[c - 2])
+        write(t, c, base, a)
+        t += 1
+        posted = sync.post(t)
+        t = read(t, c, base, a, posted)
+        reads.append(sync.post(t))
+    return t
+
+
+def _read_chunks(lo, hi, itemsize):
+    """``[(first element, count), ...]``: a part read :data:`READ_CHUNK_BYTES` at a time."""
+    chunk = max(1, min(hi - lo, READ_CHUNK_BYTES // itemsize))
+    return [(a, min(chunk, hi - a)) for a in range(lo, hi, chunk)]
+
+
+def reduce_from_peers(tl, t, node, rank, lo, hi, itemsize, spread):
+    """Reduce elements ``lo:hi`` of every node rank's input, in local order, into this rank's
+    output, reading each peer's :data:`READ_CHUNK_BYTES` at a time into scratch; with
+    ``spread``, each reduced chunk also into every peer's output, while this rank's cache
+    holds it. In place, a peer's ``lo:hi`` is overwritten only by this rank, its only reader,
+    after reading it. The peers' addresses must have been awaited. Returns the next free step."""
+    chunks = _read_chunks(lo, hi, itemsize)
+    width = max([n for _, n in chunks], default=0)
+    for a, n in chunks:
+        # partial results in the first scratch chunk, the last straight into the output
+        # (in place, this rank's input is read before the output is written)
+        total, fetched = Region(SCRATCH, 0, n), Region(SCRATCH, width, n)
+        first = None
+        for k, q in enumerate(node):
+            operand = Region(INPUT, a, n) if q == rank else (total if k == 0 else fetched)
+            if q != rank:
+                tl.copy(t, operand, Region(peer(INPUT, q), a, n))
+            if k:
+                dst = Region(OUTPUT, a, n) if k == len(node) - 1 else total
+                tl.reduce(t, dst, operand, left=first if k == 1 else total)
+            first = operand
+        if spread:
+            write_to_peers(tl, t, node, rank, a, n)
+        t += 1
+    tl.need_scratch(2 * width)
+    return t
+
+
+def write_to_peers(tl, t, node, rank, a, n):
+    """Copy this rank's output ``a:a+n`` into every other node rank's output."""
+    for q in node:
+        if q != rank:
+            tl.copy(t, Region(peer(OUTPUT, q), a, n), Region(OUTPUT, a, n))
+
+
+def read_steps(bounds, itemsize) -> int:
+    """The most read chunks any one part of ``bounds`` takes (aligns the last barrier)."""
+    return max(len(_read_chunks(bounds[j], bounds[j + 1], itemsize))
+               for j in range(len(bounds) - 1))
+
+
+def await_addresses(sync) -> int:
+    """Publish this rank's buffers' addresses (post 1) and await every peer's; returns the
+    first step that may read or write a peer's buffers."""
+    data = sync.post(1)
+    for q in sync.node:
+        sync.wait(2, q, data)
+    return 2
+
+
+def host_only(layout, device) -> str | None:
+    """Why a window algorithm cannot run: the window holds host memory, not a GPU's."""
+    return "needs host buffers" if device else None
+
+
+def one_node(layout, device, instead: str) -> str | None:
+    """Why an algorithm of one node's window cannot run on ``layout``: :func:`host_only`,
+    or ranks on more than one node (use ``instead``)."""
+    nodes = layout.node_count
+    return host_only(layout, device) or (f"spans {nodes} nodes (use {instead})" if nodes > 1
+                                         else None)
