@@ -15,7 +15,7 @@ from .algorithms import AUTO, COLLECTIVES, MPI_NATIVE
 from .buffers import device, gpu, staging, tensors
 from .buffers.device import DeviceVector
 from .runtime.progress import Request
-from .session import MISS, SLOTS, Slot, bound_call, remembers, slot_key
+from .session import BOUND_CALLS, MISS, BoundCall, call_key, remembers, runner
 from .session import get as session_of
 from .session.auto import agreed_choice, plan_for, requested
 from .transport.mpi import op_name
@@ -103,10 +103,10 @@ _VALIDATE = config.validate()
 def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
     """Run one collective call; return what the public function returns."""
     if validate is None and not _VALIDATE:
-        slot = SLOTS.get(slot_key(sendbuf, recvbuf, algorithm))
-        if slot is not None:
-            result = slot.repeat(collective, sendbuf, recvbuf, op, comm, algorithm, root,
-                                 options)
+        bound = BOUND_CALLS.get(call_key(sendbuf, recvbuf, algorithm))
+        if bound is not None:
+            result = bound.repeat(collective, sendbuf, recvbuf, op, comm, algorithm, root,
+                                  options)
             if result is not MISS:
                 return result
     if (type(sendbuf) is not np.ndarray and gpu.is_device_array(sendbuf)) or (
@@ -164,7 +164,8 @@ def _validating(validate):
 def _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
     """Run the call on host buffers (or device vectors); return ``(result, output array)``.
 
-    A call that may repeat leaves a slot in its session, which the next identical call runs.
+    A call that may repeat leaves a bound call in its session, which the next identical call
+    runs.
     """
     args = (collective, sendbuf, recvbuf, op, comm, algorithm, root)
     remember = validate is None and not _VALIDATE and (
@@ -177,8 +178,8 @@ def _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
         finish()
     result = _result(collective, out, sendbuf, recvbuf, session.rank, root)
     if remember and remembers(result, sendbuf, recvbuf):
-        session.remember(slot_key(sendbuf, recvbuf, algorithm),
-                         Slot(session, args, run, binding, finish, result, options))
+        session.remember_call(call_key(sendbuf, recvbuf, algorithm),
+                              BoundCall(session, args, run, binding, finish, result, options))
     return result, out
 
 
@@ -197,8 +198,7 @@ def _bind_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate
     validate = _validating(validate)
     signature, error, plan_args = None, None, None
     try:
-        plan_args = _prepare(collective, sendbuf, recvbuf, op, p, rank, algorithm, root, options,
-                             session.default_algorithm)
+        plan_args = _prepare(collective, sendbuf, recvbuf, op, session, algorithm, root, options)
         inp, out, count, opname, name, options, alias = plan_args
         signature = (collective, name, count, out.dtype.str, opname, root, sorted(options.items()))
     except (TypeError, ValueError) as exc:
@@ -255,17 +255,14 @@ def _native_buffer(buf):
     return buf
 
 
-_OPTIONS_OK: set = set()
-
-
-def _prepare(collective, sendbuf, recvbuf, op, p, rank, algorithm, root, options, default=None):
+def _prepare(collective, sendbuf, recvbuf, op, session, algorithm, root, options):
     """Check every argument locally and return the arrays the plan runs on.
 
     Returns ``(inp, out, count, op, algorithm, options, alias)``; ``alias`` is where the
     input starts within the output, in elements, when they share memory (in place).
-    ``default`` is the session's ``MLCOMM_ALGORITHM``.
     """
-    name = requested(algorithm, collective, default)
+    p, rank = session.size, session.rank
+    name = requested(algorithm, collective, session.default_algorithm)
     opname = op_name(op) if collective not in ("allgather", "bcast") else "sum"
     if collective in ("bcast", "reduce") and not (isinstance(root, int) and 0 <= root < p):
         raise ValueError(f"root={root!r} is not a rank of this {p}-rank communicator")
@@ -326,9 +323,9 @@ def _prepare(collective, sendbuf, recvbuf, op, p, rank, algorithm, root, options
     if options:
         _check_options(collective, name, options)
         key = (collective, name, p, out.dtype.itemsize, tuple(sorted(options.items())))
-        if key not in _OPTIONS_OK:  # an empty build checks the option values once
+        if key not in session.checked_options:  # an empty build checks the values once
             COLLECTIVES[collective][name].build(rank, p, 0, out.dtype.itemsize, **options)
-            _OPTIONS_OK.add(key)
+            session.checked_options.add(key)
     return inp, out, count, opname, name, options, alias
 
 
@@ -370,10 +367,10 @@ def allreduce(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None, val
     place.  ``algorithm`` defaults to ``MLCOMM_ALGORITHM`` or ``auto``;
     ``options`` are the algorithm's (``servers=``, ``segment_bytes=`` ...).
     """
-    if validate is None:  # a repeat: its slot runs it (see _run)
-        slot = SLOTS.get(id(sendbuf if recvbuf is None else recvbuf) + id(algorithm))
-        if slot is not None:
-            result = slot.repeat("allreduce", sendbuf, recvbuf, op, comm, algorithm, 0, options)
+    if validate is None:  # a repeat: its bound call runs it (see _run)
+        bound = BOUND_CALLS.get(id(sendbuf if recvbuf is None else recvbuf) + id(algorithm))
+        if bound is not None:
+            result = bound.repeat("allreduce", sendbuf, recvbuf, op, comm, algorithm, 0, options)
             if result is not MISS:
                 return result
     return _run("allreduce", sendbuf, recvbuf, op, comm, algorithm, 0, validate, options)
@@ -470,7 +467,7 @@ class Persistent:
         self.session, self.binding, self.finish, self.run = session, binding, finish, run
         self.buffers = (sendbuf, recvbuf, out)
         self.result = lambda: result  # the handle owns its buffers
-        self.call = bound_call(session, run, binding, finish, result)
+        self.call = runner(session, run, binding, finish, result)
         self.request = None
         session.handles.add(self)
 

@@ -2,39 +2,71 @@
 
 Each function reads its variable when called, so a value set before a call counts; a bad
 value raises ValueError naming the variable. The kernels (``mlcomm.kernels``, which import
-nothing of mlcomm) read their own three: ``MLCOMM_KERNEL``, ``MLCOMM_NUMBA_MIN_BYTES`` and
-``MLCOMM_NUM_THREADS``.
+nothing of mlcomm) read their own four: ``MLCOMM_KERNEL``, ``MLCOMM_NUMBA_MIN_BYTES``,
+``MLCOMM_NUM_THREADS`` and ``MLCOMM_LOCAL_SIZE``. :data:`VARIABLES` lists them all, with
+their defaults, for ``mlcomm info``.
 """
 
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
-__all__ = ["VARIABLES", "debug", "validate", "auto_mode", "cache_bytes", "agreed_raw",
-           "AGREED", "positive", "executor", "stall_seconds", "stall_abort", "polls_before_yield",
-           "staging_chunk_bytes", "cuda_aware", "single_copy", "profile_path"]
+__all__ = ["Variable", "VARIABLES", "current", "debug", "validate", "auto_mode",
+           "cache_bytes", "agreed_raw", "AGREED", "positive", "executor", "stall_seconds",
+           "stall_abort", "polls_before_yield", "staging_chunk_bytes", "cuda_aware",
+           "single_copy", "profile_path"]
 
-#: name -> what it sets
-VARIABLES = {
-    "MLCOMM_ALGORITHM": "the algorithm a call without one runs (the same on every rank)",
-    "MLCOMM_AUTO": "measure (time auto's candidates on a size's first call) or model",
-    "MLCOMM_CACHE_BYTES": "the bound on the binding cache, in bytes",
-    "MLCOMM_CUDA_AWARE": "1: the MPI library is CUDA-aware; 0: stage through host memory",
-    "MLCOMM_DEBUG": "1: log auto's choices and new plans",
-    "MLCOMM_EXECUTOR": "compiled or python: the loop that runs programs",
-    "MLCOMM_KERNEL": "the reduction kernels' backend (read by mlcomm.kernels)",
-    "MLCOMM_NUMBA_MIN_BYTES": "the least bytes reduced by Numba's kernels (read by mlcomm.kernels)",
-    "MLCOMM_NUM_THREADS": "the Numba kernels' threads (read by mlcomm.kernels)",
-    "MLCOMM_POLLS_BEFORE_YIELD": "polls of a wait between yields of the CPU (a power of two)",
-    "MLCOMM_PROFILE": "the profile file: the cost model's constants and tuned choices",
-    "MLCOMM_RANKS_PER_NODE": "nodes of this many consecutive ranks",
-    "MLCOMM_SHM_BYTES": "each rank's slot in the node window, in bytes",
-    "MLCOMM_SINGLE_COPY": "0: no single-copy reads of a peer's memory",
-    "MLCOMM_STAGING_CHUNK_BYTES": "bytes per chunk staged through host memory",
-    "MLCOMM_STALL_ABORT": "1: end the job after reporting a stalled wait",
-    "MLCOMM_STALL_SECONDS": "seconds a wait may last before it is reported (0: never)",
-    "MLCOMM_VALIDATE": "1: compare every call across ranks (read once, at import)",
-}
+
+class Variable(NamedTuple):
+    """One environment variable: its name, what applies when it is unset (a value as it
+    would be set, or words), and what it sets."""
+
+    name: str
+    default: str
+    what: str
+
+
+#: name -> :class:`Variable`, for every ``MLCOMM_*`` variable mlcomm and its kernels read
+VARIABLES = {v.name: v for v in (
+    Variable("MLCOMM_ALGORITHM", "auto",
+             "the algorithm a call without one runs (the same on every rank)"),
+    Variable("MLCOMM_AUTO", "measure",
+             "measure (time auto's candidates on a size's first call) or model"),
+    Variable("MLCOMM_CACHE_BYTES", str(256 << 20), "the bound on the binding cache, in bytes"),
+    Variable("MLCOMM_CUDA_AWARE", "auto",
+             "1: the MPI library is CUDA-aware; 0: stage through host memory; auto: ask it"),
+    Variable("MLCOMM_DEBUG", "0", "1: log auto's choices and new plans"),
+    Variable("MLCOMM_EXECUTOR", "compiled", "compiled or python: the loop that runs programs"),
+    Variable("MLCOMM_KERNEL", "auto",
+             "numpy or numba: the CPU reduction kernels' backend (read by mlcomm.kernels)"),
+    Variable("MLCOMM_LOCAL_SIZE", "the launcher's count",
+             "ranks on this node, which share its cores (read by mlcomm.kernels)"),
+    Variable("MLCOMM_NUMBA_MIN_BYTES", str(256 << 10),
+             "the least bytes reduced by Numba's kernels (read by mlcomm.kernels)"),
+    Variable("MLCOMM_NUM_THREADS", "cores / ranks on the node",
+             "the Numba kernels' threads per rank (read by mlcomm.kernels)"),
+    Variable("MLCOMM_POLLS_BEFORE_YIELD", "1024, 2 if oversubscribed",
+             "polls of a wait between yields of the CPU (a power of two)"),
+    Variable("MLCOMM_PROFILE", "~/.cache/mlcomm/profile.json",
+             "the profile file: the cost model's constants and tuned choices"),
+    Variable("MLCOMM_RANKS_PER_NODE", "a machine's ranks",
+             "nodes of this many consecutive ranks"),
+    Variable("MLCOMM_SHM_BYTES", str(4 << 20), "each rank's slot in the node window, in bytes"),
+    Variable("MLCOMM_SINGLE_COPY", "1", "0: no single-copy reads of a peer's memory"),
+    Variable("MLCOMM_STAGING_CHUNK_BYTES", str(4 << 20),
+             "bytes per chunk staged through host memory"),
+    Variable("MLCOMM_STALL_ABORT", "0", "1: end the job after reporting a stalled wait"),
+    Variable("MLCOMM_STALL_SECONDS", "60",
+             "seconds a wait may last before it is reported (0: never)"),
+    Variable("MLCOMM_VALIDATE", "0", "1: compare every call across ranks (read once, at import)"),
+)}
+
+
+def current() -> list:
+    """``[(variable, its value here or None when unset), ...]`` for :data:`VARIABLES`."""
+    return [(v, os.environ.get(v.name) or None) for v in VARIABLES.values()]
+
 
 _TRUE = ("1", "yes", "true", "on")
 _FALSE = ("0", "no", "false", "off")

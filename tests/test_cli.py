@@ -51,6 +51,50 @@ def test_one_meaning_per_flag():
     assert {"bench", "tune", "analyze", "simulate", "explain", "draw"} <= sizes
 
 
+# ----------------------------------------------------------------- mlcomm info
+
+def test_info_lists_every_variable_with_its_value_or_default():
+    from mlcomm.config import VARIABLES
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLCOMM_")}
+    env.update(MLCOMM_STALL_SECONDS="7.5", MLCOMM_AUTO="model")
+    proc = subprocess.run([sys.executable, "-m", "mlcomm", "info"], capture_output=True,
+                          text=True, timeout=120, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    start = lines.index("variables   the value set, else [the default]")
+    rows = {line.split()[0]: line for line in lines[start + 1:]}
+    assert list(rows) == list(VARIABLES)
+    for name, var in VARIABLES.items():
+        shown = {"MLCOMM_STALL_SECONDS": "7.5", "MLCOMM_AUTO": "model"}.get(
+            name, f"[{var.default}]")
+        assert rows[name].split(None, 1)[1].startswith(shown + " "), rows[name]
+        assert rows[name].endswith("  " + var.what), rows[name]
+
+
+def test_the_variable_table_names_every_variable_read_and_their_defaults():
+    """Every MLCOMM_* name in mlcomm/ and kernels/ is in the table, and the table's
+    defaults are the ones the code applies."""
+    import re
+
+    from mlcomm import config, session
+    from mlcomm.algorithms.shared_memory import DEFAULT_SLOT_BYTES
+    from mlcomm.buffers.staging import CHUNK_BYTES
+    from mlcomm.kernels import dispatch
+    read = {m for folder in ("mlcomm", "kernels") for path in (ROOT / folder).rglob("*.py")
+            for m in re.findall(r"\bMLCOMM_[A-Z_]*[A-Z]\b", path.read_text())}
+    assert read == set(config.VARIABLES)
+    default = {name: var.default for name, var in config.VARIABLES.items()}
+    assert default["MLCOMM_CACHE_BYTES"] == str(session.CACHE_BYTES)
+    assert default["MLCOMM_SHM_BYTES"] == str(DEFAULT_SLOT_BYTES)
+    assert default["MLCOMM_STAGING_CHUNK_BYTES"] == str(CHUNK_BYTES)
+    assert "MLCOMM_NUMBA_MIN_BYTES" in os.environ or \
+        default["MLCOMM_NUMBA_MIN_BYTES"] == str(dispatch.NUMBA_MIN_BYTES)
+    assert "MLCOMM_STALL_SECONDS" in os.environ or \
+        float(default["MLCOMM_STALL_SECONDS"]) == config.stall_seconds()
+    assert default["MLCOMM_EXECUTOR"] == config.executor() or "MLCOMM_EXECUTOR" in os.environ
+    assert default["MLCOMM_AUTO"] == config.auto_mode() or "MLCOMM_AUTO" in os.environ
+
+
 # ----------------------------------------------------------------- a closed pipe
 
 def _closed_pipe(*argv):

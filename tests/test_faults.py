@@ -209,7 +209,7 @@ def test_freed_arrays_leave_at_most_the_cache_bound(tmp_path):
     twice the bound) on fresh arrays at new addresses, output given or not, each freed by
     the caller: the cache never holds more than MLCOMM_CACHE_BYTES, counting its scratch,
     its bindings and the node window, and resident memory grows by no more than that (and
-    what the same loop on MPI_Allreduce leaves). Evicted bindings' repeat slots kept their
+    what the same loop on MPI_Allreduce leaves). Evicted bindings' bound calls kept their
     scratch alive: 210 to 330 MiB with a 16 MiB bound."""
     proc, _ = _job(tmp_path, 2, """
         import ctypes, gc

@@ -1,13 +1,11 @@
-"""The MPI library's own collectives as baseline entries, ``auto``, and name lookup."""
-
-import gc
+"""The MPI library's own collectives as baseline entries, and ``auto``."""
 
 from ..ir.schedule import INPUT, OUTPUT, Collective, Region, Schedule, Step
 from ._registry import COLLECTIVES, register
 from .recursive_doubling import cost as _rd_cost
 from .recursive_halving_doubling import cost as _rhd_cost
 
-__all__ = ["MPI_NATIVE", "AUTO", "resolve", "build_schedules", "native_schedule"]
+__all__ = ["MPI_NATIVE", "AUTO", "native_schedule"]
 
 MPI_NATIVE, AUTO = "mpi", "auto"
 
@@ -48,32 +46,3 @@ def native_schedule(collective: str, rank: int, size: int, count: int, itemsize:
     step = Step([Collective(collective, Region(INPUT, 0, n_in), Region(OUTPUT, 0, n_out),
                             count, root, blocking)])
     return Schedule(rank, size, n_in, n_out, 0, [step])
-
-
-def resolve(name: str, collective: str = "allreduce") -> str:
-    """Return the canonical name for ``name`` or an alias; raise ValueError listing the valid names."""
-    table = COLLECTIVES[collective]
-    if name in table:
-        return name
-    for algo in table.values():
-        if name in algo.aliases:
-            return algo.name
-    valid = ", ".join(sorted(table))
-    raise ValueError(f"algorithm={name!r} is not a known {collective} algorithm; "
-                     f"choose one of: {valid}")
-
-
-def build_schedules(name, size, count, itemsize=8, collective="allreduce", **options):
-    """Every rank's schedule of ``name`` for ``size`` ranks and ``count`` elements."""
-    algo = COLLECTIVES[collective][resolve(name, collective)]
-    if not algo.hand_written:
-        raise ValueError(f"{algo.name!r} has no schedule of mlcomm's own: the MPI library "
-                         f"runs it, or it picks another")
-    # Millions of small acyclic records: the cyclic GC would rescan them all as they pile up.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return [algo.build(r, size, count, itemsize, **options) for r in range(size)]
-    finally:
-        if was_enabled:
-            gc.enable()

@@ -1,9 +1,10 @@
 """Analyse, simulate and draw the all-reduce schedules; calibrate the cost model."""
 
 from .metrics import KEYS, analyzable, analyze, schedule_metrics
-from .simulator import Network, Program, SimResult, compile_schedules, simulate, simulate_schedules
+from .simulator import (Network, SimProgram, SimResult, compile_schedules, simulate,
+                        simulate_schedules)
 from .sweep import SIM_LIMIT, predict_time, sweep
 
 __all__ = ["KEYS", "analyze", "analyzable", "schedule_metrics",
-           "Network", "Program", "SimResult", "compile_schedules", "simulate",
+           "Network", "SimProgram", "SimResult", "compile_schedules", "simulate",
            "simulate_schedules", "SIM_LIMIT", "predict_time", "sweep"]

@@ -511,53 +511,62 @@ def _schedule_args(p) -> None:
     add_option(p)
 
 
+def _sweep_args(p, metavar, ranks, **format_help) -> None:
+    """The flags of analyze and simulate: rank counts, sizes, schedules, format, cost model."""
+    p.add_argument("-p", "--ranks", type=rank_list, required=True, metavar=metavar, help=ranks)
+    add_sizes(p, required=True)
+    _schedule_args(p)
+    add_format(p, **format_help)
+    _model_args(p, cluster=True)
+
+
+def _command(subparsers, name, func, *, help, description, epilog, check=True, **defaults):
+    """A command's parser: ``func`` runs it, with ``check`` once the cost model's flags are
+    checked; ``defaults`` go into its namespace."""
+    p = subparsers.add_parser(name, help=help, description=description, epilog=epilog,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=func, **defaults)
+    if check:
+        p.set_defaults(validate=lambda args: _check_model(args, p))
+    return p
+
+
 def register(subparsers) -> None:
     """Add the analysis commands."""
-    fmt = argparse.RawDescriptionHelpFormatter
-    check = lambda p: (lambda args: _check_model(args, p))
-
-    p = subparsers.add_parser(
-        "analyze", help="rounds, volumes, fan-in and cost of each algorithm's schedule",
+    p = _command(
+        subparsers, "analyze", _analyze, schedules_only=True,
+        help="rounds, volumes, fan-in and cost of each algorithm's schedule",
         description="Build every rank's schedule and derive the lecture notes' cost table "
                     "from it: rounds on the critical path, bytes sent in total and by the "
                     "busiest rank, fan-in and bytes in per round (as multiples of the "
                     "message size n), the simulated time and the closed-form time. "
                     "No MPI job needed.",
         epilog="examples:\n  mlcomm analyze -p 8 -s 1M\n"
-               "  mlcomm analyze -p 4,8 -s 64K,1M -a ring,rd --format json", formatter_class=fmt)
-    p.add_argument("-p", "--ranks", type=rank_list, required=True, metavar="P[,P2,...]",
-                   help="rank counts, e.g. 8 or 4,8")
-    add_sizes(p, required=True)
-    _schedule_args(p)
-    add_format(p, help="table: the notes' notation (volumes in n); json, csv: raw bytes "
-                       "(default %(default)s)")
-    _model_args(p, cluster=True)
-    p.set_defaults(func=_analyze, validate=check(p), schedules_only=True)
+               "  mlcomm analyze -p 4,8 -s 64K,1M -a ring,rd --format json")
+    _sweep_args(p, "P[,P2,...]", "rank counts, e.g. 8 or 4,8",
+                help="table: the notes' notation (volumes in n); json, csv: raw bytes "
+                     "(default %(default)s)")
 
-    p = subparsers.add_parser(
-        "simulate", help="predicted time vs ranks and bytes (cost simulator)",
+    p = _command(
+        subparsers, "simulate", _simulate, schedules_only=True,
+        help="predicted time vs ranks and bytes (cost simulator)",
         description="Run the schedules through the cost simulator (MPI matching, alpha + "
                     "bytes*beta per message, gamma per reduced byte, port and two-level "
                     "models). Schedules bigger than --sim-limit use the closed form instead; "
                     "the `source` column says which.",
         epilog="examples:\n  mlcomm simulate -p 2,4,8,...,4096 -s 8 --plot latency.png\n"
                "  mlcomm simulate -p 16,64 -s 8,64K,16M --ranks-per-node 8 "
-               "--inter-alpha 5e-6 --inter-beta 1e-10", formatter_class=fmt)
-    p.add_argument("-p", "--ranks", type=rank_list, required=True, metavar="P1,P2,...",
-                   help="rank counts: 2,4,8 or 2,4,...,4096")
-    add_sizes(p, required=True)
-    _schedule_args(p)
-    add_format(p)
-    _model_args(p, cluster=True)
+               "--inter-alpha 5e-6 --inter-beta 1e-10")
+    _sweep_args(p, "P1,P2,...", "rank counts: 2,4,8 or 2,4,...,4096")
     _sim_args(p)
     p.add_argument("--plot", metavar="FILE.png", default=None,
                    help="draw time vs ranks (one panel per size) and time vs bytes")
     p.add_argument("--title", default=None, help="plot title")
     add_progress(p)
-    p.set_defaults(func=_simulate, validate=check(p), schedules_only=True)
 
-    p = subparsers.add_parser(
-        "explain", help="every candidate's predicted time and what `auto` picks",
+    p = _command(
+        subparsers, "explain", _explain,
+        help="every candidate's predicted time and what `auto` picks",
         description="Evaluate each all-reduce algorithm's predicted time, each against the "
                     "fastest prediction, and show what algorithm='auto' chooses: the fastest "
                     "prediction of its model, or the measured choice where `mlcomm tune` "
@@ -568,7 +577,7 @@ def register(subparsers) -> None:
                     "paths say why hierarchical is or is not the fastest.",
         epilog="examples:\n  mlcomm explain -p 64 -s 8,16M -d float32 -o sum\n"
                "  mlcomm explain -p 4096 -s 8 --ranks-per-node 8 --inter-alpha 5e-6 "
-               "--inter-beta 1e-10", formatter_class=fmt)
+               "--inter-beta 1e-10")
     p.add_argument("-p", "--ranks", type=positive_int, required=True)
     add_sizes(p, required=True)
     add_dtype(p, None, "pick gamma and the element size for this dtype (default: the "
@@ -578,14 +587,14 @@ def register(subparsers) -> None:
                       "that runs on the layout)")
     _model_args(p, cluster=True)
     _sim_args(p, EXPLAIN_LIMIT, EXPLAIN_SECONDS)
-    p.set_defaults(func=_explain, validate=check(p))
 
-    p = subparsers.add_parser(
-        "draw", help="draw a schedule round by round (PNG)",
+    p = _command(
+        subparsers, "draw", _draw, schedules_only=True,
+        help="draw a schedule round by round (PNG)",
         description="Draw the schedule as the slides do: ranks as rows, rounds as columns, "
                     "chunks as coloured boxes (whose contributions they sum), arrows for the "
                     "messages of each round.",
-        epilog="example:\n  mlcomm draw -a ring -p 4 --output ring.png", formatter_class=fmt)
+        epilog="example:\n  mlcomm draw -a ring -p 4 --output ring.png")
     p.add_argument("-a", "--algorithm", type=algorithm, required=True, metavar="NAME",
                    help="the algorithm to draw")
     p.add_argument("-p", "--ranks", type=positive_int, required=True)
@@ -595,15 +604,15 @@ def register(subparsers) -> None:
     add_option(p)
     _ranks_per_node(p)
     add_output(p, "the PNG to write (default ALGORITHM_pP.png)")
-    p.set_defaults(func=_draw, validate=check(p), schedules_only=True)
 
-    p = subparsers.add_parser(
-        "calibrate", help="measure alpha, beta, gamma and write the profile (mpiexec -n 2+)",
+    p = _command(
+        subparsers, "calibrate", _calibrate, check=False,
+        help="measure alpha, beta, gamma and write the profile (mpiexec -n 2+)",
         description="Ping-pong between ranks 0 and 1 over sizes, least-squares fit of alpha and "
                     "beta; time the reduction kernels for gamma per backend, dtype and op. "
                     "Rank 0 writes the profile to --profile, $MLCOMM_PROFILE or "
                     "~/.cache/mlcomm/profile.json.",
-        epilog="example:\n  mpiexec -n 2 mlcomm calibrate --quick", formatter_class=fmt)
+        epilog="example:\n  mpiexec -n 2 mlcomm calibrate --quick")
     add_quick(p, "fewer sizes and iterations (seconds)")
     add_sizes(p, help="ping-pong sizes, e.g. 8,64,...,16M")
     p.add_argument("--gamma-bytes", type=size, default=None,
@@ -615,4 +624,3 @@ def register(subparsers) -> None:
     add_profile(p, "the profile to write (default $MLCOMM_PROFILE or "
                    "~/.cache/mlcomm/profile.json)")
     p.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
-    p.set_defaults(func=_calibrate)

@@ -210,6 +210,17 @@ def draw_schedule(schedules, path, title: str | None = None) -> None:
     def y0(r):
         return (p - 1 - r) * row_h
 
+    def arrows(t, moves, **style):
+        """An arrow for each ``(source, destination, indices, counts)`` of round ``t``."""
+        for s, d, idx, cnt in moves:
+            known = idx[idx >= 0]
+            centre = (known.mean() + 0.5) * box if len(known) else count * box / 2
+            colour, _ = _box_colour(cnt[0] if len(cnt) else np.zeros(p, np.int64), base)
+            ax.annotate("", xy=(x0(t) + centre, y0(d) + box / 2),
+                        xytext=(x0(t - 1) + centre, y0(s) + box / 2),
+                        arrowprops=dict(arrowstyle="-|>", color=colour, shrinkA=4, shrinkB=4,
+                                        **style))
+
     for t, view in enumerate(views):
         for r in range(p):
             for i in range(count):
@@ -234,23 +245,8 @@ def draw_schedule(schedules, path, title: str | None = None) -> None:
             top, bottom = y0(min(node)) + box + 0.25, y0(max(node)) - 0.25
             ax.add_patch(Rectangle((x0(t) - 0.35, bottom), count * box + 0.7, top - bottom,
                                    fill=False, edgecolor="0.45", linewidth=1.0, ls="--"))
-        for s, d, idx, cnt in messages[t]:
-            known = idx[idx >= 0]
-            centre = (known.mean() + 0.5) * box if len(known) else count * box / 2
-            colour, _ = _box_colour(cnt[0] if len(cnt) else np.zeros(p, np.int64), base)
-            ax.annotate("", xy=(x0(t) + centre, y0(d) + box / 2),
-                        xytext=(x0(t - 1) + centre, y0(s) + box / 2),
-                        arrowprops=dict(arrowstyle="-|>", color=colour, alpha=0.8, lw=1.2,
-                                        shrinkA=4, shrinkB=4, connectionstyle="arc3,rad=0.08"))
-        for q, r, idx, cnt in reads[t]:
-            known = idx[idx >= 0]
-            centre = (known.mean() + 0.5) * box if len(known) else count * box / 2
-            colour, _ = _box_colour(cnt[0] if len(cnt) else np.zeros(p, np.int64), base)
-            ax.annotate("", xy=(x0(t) + centre, y0(r) + box / 2),
-                        xytext=(x0(t - 1) + centre, y0(q) + box / 2),
-                        arrowprops=dict(arrowstyle="-|>", color=colour, alpha=0.6, lw=0.9,
-                                        ls="--", shrinkA=4, shrinkB=4,
-                                        connectionstyle="arc3,rad=-0.08"))
+        arrows(t, messages[t], alpha=0.8, lw=1.2, connectionstyle="arc3,rad=0.08")
+        arrows(t, reads[t], alpha=0.6, lw=0.9, ls="--", connectionstyle="arc3,rad=-0.08")
     handles = [Patch(facecolor=tuple(base[q]), label=f"{_LETTERS[q] if p <= 26 else q}: rank {q}")
                for q in range(min(p, 10))]
     handles += [Patch(facecolor=(0.1, 0.1, 0.1), label="Σ all ranks"),

@@ -6,7 +6,7 @@ import inspect
 
 import numpy as np
 
-from .simulator import UNIT_NETWORK, Network, Program, compile_schedules, simulate
+from .simulator import UNIT_NETWORK, Network, SimProgram, compile_schedules, simulate
 
 __all__ = ["KEYS", "schedule_metrics", "analyze", "analyzable", "count_for", "node_layout",
            "not_applicable", "build_options", "inter_choice", "formula_seconds"]
@@ -102,7 +102,7 @@ def formula_seconds(name: str, p: int, nbytes: int, network: Network, options: d
     return float(algo.cost(p, nbytes, alpha, beta, network.gamma, **options, **extra))
 
 
-def schedule_metrics(program: Program) -> dict:
+def schedule_metrics(program: SimProgram) -> dict:
     """Rounds, volumes, fan-in and node synchronisations of a compiled program.
 
     ``rounds`` is the critical path counted in communication steps: the simulated time
@@ -144,7 +144,7 @@ def schedule_metrics(program: Program) -> dict:
 
 def analyze(name: str, p: int, nbytes: int, *, itemsize: int = 8, profile=None,
             network: Network | None = None, options: dict | None = None,
-            program: Program | None = None, ranks_per_node: int | None = None) -> dict:
+            program: SimProgram | None = None, ranks_per_node: int | None = None) -> dict:
     """Return one analysis row (the keys of :data:`KEYS`) for algorithm ``name``.
 
     ``ranks_per_node`` lays the ranks out on nodes (default: one node) for the algorithms

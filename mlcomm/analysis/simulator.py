@@ -43,7 +43,7 @@ import numpy as np
 
 from ..ir.schedule import Await, Copy, Post, Recv, Reduce, Send, owner
 
-__all__ = ["Network", "Program", "SimResult", "compile_schedules", "simulate",
+__all__ = ["Network", "SimProgram", "SimResult", "compile_schedules", "simulate",
            "simulate_schedules", "step_costs", "critical_path", "PATH_TERMS", "UNIT_NETWORK"]
 
 try:  # Numba compiles the event loop; without it the same code runs as Python.
@@ -111,7 +111,7 @@ UNIT_NETWORK = Network(alpha=1.0, beta=0.0, gamma=0.0, ports=0, copy_beta=0.0, s
 
 
 @dataclass
-class Program:
+class SimProgram:
     """Every rank's schedule flattened into arrays (steps, matched messages, node syncs)."""
 
     size: int
@@ -164,7 +164,7 @@ def _csr(owner, n):
     return ptr, np.argsort(owner, kind="stable").astype(np.int64)
 
 
-def compile_schedules(schedules, itemsize: int = 8) -> Program:
+def compile_schedules(schedules, itemsize: int = 8) -> SimProgram:
     """Flatten ``schedules`` (one per rank, in rank order) and match their messages and posts.
 
     Raises ValueError on a message without a partner or with sizes that differ, and on
@@ -274,7 +274,7 @@ def _compile(schedules, itemsize):
     await_step, await_post, post_step = arr([w[0] for w in waits]), arr(await_post), arr(post_step)
     waiting = await_post >= 0
     pa_ptr, pa_ids = _csr(await_post[waiting], len(post_step))
-    return Program(p, itemsize, rank_first, arr(reduce_bytes) * itemsize,
+    return SimProgram(p, itemsize, rank_first, arr(reduce_bytes) * itemsize,
                    arr(copy_bytes) * itemsize, arr(peer_reads) * itemsize, ptr, ids[order],
                    src, dst, cnt * itemsize, send_step, recv_step, post_step, await_step,
                    await_post, _csr(post_step, g), _csr(await_step, g),
@@ -492,13 +492,13 @@ def _run(p, rank_first, step_cost, step_ptr, step_msgs, src, dst, nbytes,
     return rank_finish, msg_start, msg_end, step_done, await_done, done_msgs
 
 
-def step_costs(program: Program, network: Network) -> np.ndarray:
+def step_costs(program: SimProgram, network: Network) -> np.ndarray:
     """Seconds of each step's local ops: reductions (gamma) and window copies (copy cost)."""
     return (program.step_reduce.astype(np.float64) * network.gamma
             + program.step_copy.astype(np.float64) * network.copy_cost)
 
 
-def simulate(program: Program, network: Network = Network()) -> SimResult:
+def simulate(program: SimProgram, network: Network = Network()) -> SimResult:
     """Simulate ``program`` on ``network``; raise RuntimeError on a deadlock."""
     n = network
     rpn = max(1, int(n.ranks_per_node))
@@ -530,7 +530,7 @@ PATH_TERMS = ("inter-node latency", "inter-node bandwidth", "intra-node latency"
               "reductions", "window copies")
 
 
-def critical_path(program: Program, result: SimResult, network: Network) -> dict:
+def critical_path(program: SimProgram, result: SimResult, network: Network) -> dict:
     """Split the simulated time into the terms of :data:`PATH_TERMS` along the critical path.
 
     The path runs back from the last rank to finish: each step ends with its local ops

@@ -52,7 +52,20 @@ def _info(args) -> int:
     print(f"profile     {profile.source}; cost model: {model}; auto tuned for ranks: {tuned}")
     for collective, table in COLLECTIVES.items():
         print(f"{collective:11s} {', '.join(sorted(table))}")
+    _variables()
     return 0
+
+
+def _variables() -> None:
+    """Every MLCOMM_* variable (:data:`mlcomm.config.VARIABLES`): its value here, else its
+    default in brackets, and what it sets."""
+    from .. import config
+    rows = [(v.name, value if value is not None else f"[{v.default}]", v.what)
+            for v, value in config.current()]
+    width = max(len(shown) for _, shown, _ in rows)
+    print("variables   the value set, else [the default]")
+    for name, shown, what in rows:
+        print(f"  {name:26s} {shown:{width}s}  {what}")
 
 
 # --- verify ---------------------------------------------------------------------------
@@ -97,7 +110,8 @@ def _verify(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("info", help="versions, MPI library, CUDA-awareness, kernels, algorithms")
+    p = sub.add_parser("info", help="versions, MPI library, CUDA-awareness, kernels, "
+                                    "algorithms, MLCOMM_* variables")
     p.set_defaults(func=_info)
     p = sub.add_parser(
         "verify", help="check every algorithm against an exact reference (run under mpiexec)",

@@ -7,20 +7,22 @@ the end of the job (:func:`_free_all`). It holds:
 - the private duplicate mlcomm talks on, so its messages never meet the caller's;
 - the algorithm ``MLCOMM_ALGORITHM`` names, read once and agreed across the ranks;
 - plans (:mod:`mlcomm.runtime.plan`, immutable) by call layout, least recently used first out;
-- ``auto``'s choices, agreed across the ranks;
+- ``auto``'s choices, agreed across the ranks (:meth:`Session.remember_choice`);
+- the algorithm options it has checked;
 - bindings (:mod:`mlcomm.runtime.binding`) by plan and buffer pair, bounded in bytes with every
   other session's by ``MLCOMM_CACHE_BYTES`` (default 256 MiB), least recently used first
   out, counting their scratch and device vectors, :data:`BINDING_BYTES` each for their own
   objects, and the node windows (:func:`held`); the host bindings of one plan share one
-  scratch buffer; an evicted binding's repeat slots go with it, and a binding too large
+  scratch buffer; an evicted binding's bound calls go with it, and a binding too large
   for the bound alone is not kept;
-- repeat slots: calls seen before, so that a repeat skips checks and planning;
+- bound calls (:class:`BoundCall`): calls seen before, so that a repeat skips checks and
+  planning;
 - persistent handles, whose bindings are their own;
 - the progress thread that runs non-blocking calls (:mod:`mlcomm.runtime.progress`), started on
   first use.
 
-Nothing here keeps a caller's host array alive: bindings hold addresses and slots hold
-weak references. (NumPy refuses ``ndarray.resize`` on an array that is weakly referenced;
+Nothing here keeps a caller's host array alive: bindings hold addresses and bound calls
+hold weak references. (NumPy refuses ``ndarray.resize`` on an array that is weakly referenced;
 ``np.resize`` gives a new array.) A device binding on a CUDA-aware MPI keeps its device
 vectors, whose bytes count towards the bound.
 
@@ -63,16 +65,15 @@ from ..transport.mpi import TAG, abort_job
 from ..transport import MESSAGES, PATHS
 from ..runtime.watch import Watch, free_world, world_roll
 
-__all__ = ["Session", "get", "Slot", "MISS", "bound_call", "SLOTS", "slot_key", "remembers",
-           "CACHE_BYTES", "BINDING_BYTES", "cache_bytes", "cached_bytes", "held",
-           "describe_held"]
+__all__ = ["Session", "get", "BoundCall", "MISS", "runner", "BOUND_CALLS", "call_key",
+           "remembers", "BindingCache", "BINDINGS", "CACHE_BYTES", "BINDING_BYTES", "cache_bytes",
+           "cached_bytes", "held", "describe_held"]
 
 log = logging.getLogger("mlcomm")
 
 #: MLCOMM_CACHE_BYTES when unset
 CACHE_BYTES = 256 << 20
 _PLANS = 64  # plans kept per session
-_SLOTS_PER_PROCESS = 64
 
 
 def cache_bytes() -> int:
@@ -91,12 +92,22 @@ class _Entry:
     __slots__ = ("binding", "session", "scratch_key")
 
 
-_CACHE: "OrderedDict[tuple, _Entry]" = OrderedDict()
-#: (session id, plan key) -> [scratch bytes, device vector bytes, cached bindings sharing
-#: them]: a plan's host bindings share one scratch; a device binding's own scratch and the
-#: device vectors it keeps alive are under its cache key
-_SCRATCH: dict = {}
-_bytes = 0  # the scratch and device vectors of every _SCRATCH entry
+class BindingCache:
+    """Every session's cached bindings, least recently used first, and the bytes of the
+    scratch and device vectors they hold (each session's :attr:`Session.shared` says which
+    bindings share which)."""
+
+    __slots__ = ("entries", "scratch", "vectors")
+
+    def __init__(self):
+        #: (session id, plan key, buffer key) -> _Entry
+        self.entries: "OrderedDict[tuple, _Entry]" = OrderedDict()
+        self.scratch = 0  # bytes of the cached bindings' scratch
+        self.vectors = 0  # bytes of the device vectors they keep alive
+
+
+#: process-wide: ``MLCOMM_CACHE_BYTES`` bounds this process's memory over all its sessions
+BINDINGS = BindingCache()
 
 
 def _windows() -> int:
@@ -107,17 +118,17 @@ def _windows() -> int:
 def cached_bytes() -> int:
     """Bytes the binding cache holds now, over every session: the cached bindings' scratch
     and device vectors, :data:`BINDING_BYTES` for each binding, and the node windows."""
-    return _bytes + BINDING_BYTES * len(_CACHE) + _windows()
+    return BINDINGS.scratch + BINDINGS.vectors + BINDING_BYTES * len(BINDINGS.entries) + \
+        _windows()
 
 
 def held() -> dict:
     """What the binding cache holds now, in bytes (``total`` is :func:`cached_bytes`, which
     ``bound`` bounds), with the count of ``bindings``."""
-    vectors = sum(shared[1] for shared in _SCRATCH.values())
-    parts = {"scratch": _bytes - vectors, "device vectors": vectors,
-             "bindings' own": BINDING_BYTES * len(_CACHE), "windows": _windows()}
-    return {"bound": cache_bytes(), "total": sum(parts.values()), "bindings": len(_CACHE),
-            **parts}
+    parts = {"scratch": BINDINGS.scratch, "device vectors": BINDINGS.vectors,
+             "bindings' own": BINDING_BYTES * len(BINDINGS.entries), "windows": _windows()}
+    return {"bound": cache_bytes(), "total": sum(parts.values()),
+            "bindings": len(BINDINGS.entries), **parts}
 
 
 def describe_held() -> str:
@@ -131,31 +142,31 @@ def describe_held() -> str:
 
 def _drop(key) -> None:
     """Free the cached binding under ``key`` (and its scratch if no other binding uses it),
-    and forget the repeat slots that run it, so that nothing keeps its memory alive."""
-    global _bytes
-    entry = _CACHE.pop(key, None)
+    and forget the bound calls that run it, so that nothing keeps its memory alive."""
+    entry = BINDINGS.entries.pop(key, None)
     if entry is None:
         return
     binding, session = entry.binding, entry.session
     binding.free()
-    for slot_key_ in [k for k in session.slots if getattr(SLOTS.get(k), "binding", None)
-                      is binding]:
-        del SLOTS[slot_key_]
-        session.slots.discard(slot_key_)
-    shared = _SCRATCH[entry.scratch_key]
+    for key_ in [k for k in session.call_keys
+                 if getattr(BOUND_CALLS.get(k), "binding", None) is binding]:
+        del BOUND_CALLS[key_]
+        session.call_keys.discard(key_)
+    shared = session.shared[entry.scratch_key]
     shared[2] -= 1
     if shared[2] == 0:
-        del _SCRATCH[entry.scratch_key]
-        _bytes -= shared[0] + shared[1]
+        del session.shared[entry.scratch_key]
+        BINDINGS.scratch -= shared[0]
+        BINDINGS.vectors -= shared[1]
 
 
 def _evict_to(limit: int, keep) -> None:
     """Drop least recently used bindings until the cache fits ``limit``; never ``keep``
     nor a binding that a started non-blocking call is about to run."""
-    for key in list(_CACHE):
+    for key in list(BINDINGS.entries):
         if cached_bytes() <= limit:
             return
-        if key != keep and not _CACHE[key].binding.busy:
+        if key != keep and not BINDINGS.entries[key].binding.busy:
             _drop(key)
 
 
@@ -165,14 +176,17 @@ def _free_transports(transports) -> None:
         transport.free()
 
 
-# --- repeat slots ------------------------------------------------------------------------------
+# --- bound calls -------------------------------------------------------------------------------
 
-SLOTS: dict = {}
+#: the bound calls of every session by :func:`call_key`, oldest first: process-wide, as a
+#: repeat is looked up by its buffer before its communicator is known
+BOUND_CALLS: dict = {}
+_BOUND_CALLS_PER_PROCESS = 64
 
 
-def slot_key(sendbuf, recvbuf, algorithm) -> int:
+def call_key(sendbuf, recvbuf, algorithm) -> int:
     """The output buffer's id (bcast has only ``sendbuf``) plus the algorithm's: calls that
-    alternate algorithms on one buffer (as the benchmark does) keep a slot each."""
+    alternate algorithms on one buffer (as the benchmark does) keep a bound call each."""
     return id(sendbuf if recvbuf is None else recvbuf) + id(algorithm)
 
 
@@ -181,16 +195,16 @@ def _none():
 
 
 def remembers(result, sendbuf, recvbuf) -> bool:
-    """Whether a slot can return ``result`` on a repeat without keeping anything alive: the
-    caller's own buffer, or None."""
+    """Whether a bound call can return ``result`` on a repeat without keeping anything
+    alive: the caller's own buffer, or None."""
     return result is None or (result is recvbuf or result is sendbuf) and result is not None
 
 
-#: what :attr:`Slot.repeat` returns for a call that is not its slot's
+#: what :attr:`BoundCall.repeat` returns for a call that is not its own
 MISS = object()
 
 
-class Slot:
+class BoundCall:
     """A call seen before, bound to its buffers: running it skips checks and planning.
 
     A repeat is the same objects again (``is``, as NCCL's and Horovod's caches key on
@@ -215,11 +229,11 @@ class Slot:
                               answer)
 
 
-def bound_call(session, run, binding, finish, result=None):
-    """A call that runs a bound call once more and returns ``result``: what a persistent
-    handle and a repeat slot do on every call. A binding's loop runs straight away (a code
-    other than 0 goes to its handler); without a binding (the mpi algorithm) ``run`` runs
-    and returns None."""
+def runner(session, run, binding, finish, result=None):
+    """A no-argument call that runs a bound plan once more and returns ``result``: what a
+    persistent handle and a bound call do on every call. A binding's loop runs straight away
+    (a code other than 0 goes to its handler); without a binding (the mpi algorithm) ``run``
+    runs and returns None."""
     loop = run if binding is None else binding.loop
     trouble = None if binding is None else binding.trouble
 
@@ -235,18 +249,18 @@ def bound_call(session, run, binding, finish, result=None):
     return call
 
 
-def _repeat(slot, collective, op, comm, root, sendbuf, recvbuf, run, finish, answer):
-    """The slot's ``repeat``: one closure, since it is the whole cost of a repeated call. It
-    runs :func:`bound_call` and returns the argument that the call returns (the checks made
-    it the remembered buffer).
+def _repeat(bound, collective, op, comm, root, sendbuf, recvbuf, run, finish, answer):
+    """The bound call's ``repeat``: one closure, since it is the whole cost of a repeated
+    call. It runs :func:`runner` and returns the argument that the call returns (the checks
+    made it the remembered buffer).
 
     What can change in place is checked too: the dtype (a new size needs a resize, which
     NumPy refuses on a weakly referenced array); a tensor's storage (``set_``, ``resize_``).
     """
-    send_ref, recv_ref, algorithm, options = slot.send_ref, slot.recv_ref, slot.algorithm, \
-        slot.options
-    binding = slot.binding
-    call = bound_call(slot.session, run, binding, finish)
+    send_ref, recv_ref, algorithm, options = bound.send_ref, bound.recv_ref, bound.algorithm, \
+        bound.options
+    binding = bound.binding
+    call = runner(bound.session, run, binding, finish)
     gives = 2 if answer is recv_ref else 1 if answer is send_ref else 0
     send, send_memory = _layout(sendbuf)
     recv, recv_memory = _layout(recvbuf)
@@ -308,11 +322,15 @@ class Session:
         self.watch = Watch(self.settings, self.rank, self.comm, list(range(self.size)))
         self.plans: OrderedDict = OrderedDict()
         self._scratch = weakref.WeakValueDictionary()  # plan key -> its host bindings' scratch
+        #: a plan key (a device binding's: its cache key) -> [scratch bytes, device vector
+        #: bytes, cached bindings sharing them]: a plan's host bindings share one scratch
+        self.shared: dict = {}
         self.plan_misses = 0
-        self.choices: dict = {}
+        self.choices: dict = {}  # auto's, by call layout and size band (remember_choice)
+        self.checked_options: set = set()  # algorithm options an empty build accepted
         self.trials: dict = {}  # what auto's trials timed, by size band
         self.handles = weakref.WeakSet()
-        self.slots: set = set()
+        self.call_keys: set = set()  # keys of this session's BOUND_CALLS
         self.progress = None  # the progress thread, once a non-blocking call starts one
         #: bytes this session's transports moved between ranks, per path of ``PATHS``
         self.moved = np.zeros(len(PATHS), np.int64)
@@ -343,15 +361,14 @@ class Session:
         """``plan`` bound to ``inp``/``out``: the cached binding, or a new one sharing its
         plan's scratch with the plan's other host bindings. A new binding that does not fit
         the bound alone is not cached: it is freed once the call is done with it."""
-        global _bytes
         key = (id(self), plan.key, buffer_key(inp, out))
-        entry = _CACHE.get(key)
+        entry = BINDINGS.entries.get(key)
         if entry is not None:
-            _CACHE.move_to_end(key)
+            BINDINGS.entries.move_to_end(key)
             return entry.binding
         device = not isinstance(out, ndarray)
-        scratch_key = key if device else (id(self), plan.key)
-        shared = _SCRATCH.get(scratch_key)
+        scratch_key = key if device else plan.key
+        shared = self.shared.get(scratch_key)
         scratch = None if shared is None else self._scratch[plan.key]
         binding = Binding(self.comm, plan, inp, out, self.settings, scratch, self.moved,
                           self.window() if plan.program.node_size else None)
@@ -361,15 +378,16 @@ class Session:
             weakref.finalize(binding, _free_transports, binding.transports)
             return binding
         if shared is None:
-            _SCRATCH[scratch_key] = [binding.nbytes, vectors, 1]
-            _bytes += binding.nbytes + vectors
+            self.shared[scratch_key] = [binding.nbytes, vectors, 1]
+            BINDINGS.scratch += binding.nbytes
+            BINDINGS.vectors += vectors
             if not device:
                 self._scratch[plan.key] = binding.scratch
         else:
             shared[2] += 1
         entry = _Entry()
         entry.binding, entry.session, entry.scratch_key = binding, self, scratch_key
-        _CACHE[key] = entry
+        BINDINGS.entries[key] = entry
         _evict_to(bound, key)
         return binding
 
@@ -411,7 +429,7 @@ class Session:
 
     def bindings(self):
         """This session's cached bindings, least recently used first."""
-        return [e.binding for e in _CACHE.values() if e.session is self]
+        return [e.binding for e in BINDINGS.entries.values() if e.session is self]
 
     # non-blocking calls
     def start(self, run, finish=None, result=None, keep=(), binding=None):
@@ -437,19 +455,27 @@ class Session:
         self.watch.barrier(self.comm, what)
         return self.comm.bcast(value if self.rank == 0 else None, root=0)
 
-    # repeat slots
-    def remember(self, key, slot):
-        binding = slot.binding
-        if binding is not None and (id(self), binding.plan.key, binding.key) not in _CACHE:
+    # auto's choices
+    def remember_choice(self, key, choice):
+        """Keep ``auto``'s agreed ``choice`` for ``key``, a call layout or a size band."""
+        self.choices[key] = choice
+
+    # bound calls
+    def remember_call(self, key, bound):
+        """Keep ``bound``, a :class:`BoundCall`, under ``key`` (:func:`call_key`) for the
+        calls that repeat it, replacing the process's oldest beyond its 64."""
+        binding = bound.binding
+        if binding is not None and \
+                (id(self), binding.plan.key, binding.key) not in BINDINGS.entries:
             return  # an uncached binding (too large for the bound) is freed after its call
-        old = SLOTS.pop(key, None)
+        old = BOUND_CALLS.pop(key, None)
         if old is not None:
-            old.session.slots.discard(key)
-        if len(SLOTS) >= _SLOTS_PER_PROCESS:
-            oldest = next(iter(SLOTS))
-            SLOTS.pop(oldest).session.slots.discard(oldest)
-        SLOTS[key] = slot
-        self.slots.add(key)
+            old.session.call_keys.discard(key)
+        if len(BOUND_CALLS) >= _BOUND_CALLS_PER_PROCESS:
+            oldest = next(iter(BOUND_CALLS))
+            BOUND_CALLS.pop(oldest).session.call_keys.discard(oldest)
+        BOUND_CALLS[key] = bound
+        self.call_keys.add(key)
 
     def free_bindings(self):
         """Free every binding and handle of this session (before MPI finalizes), once the
@@ -460,11 +486,11 @@ class Session:
                 print(f"mlcomm: rank {self.rank}: a started call failed and was never waited "
                       f"for: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
             self.progress = None
-        for key in [k for k, e in _CACHE.items() if e.session is self]:
+        for key in [k for k, e in BINDINGS.entries.items() if e.session is self]:
             _drop(key)
-        for key in list(self.slots):
-            SLOTS.pop(key, None)
-        self.slots.clear()
+        for key in list(self.call_keys):
+            BOUND_CALLS.pop(key, None)
+        self.call_keys.clear()
         for handle in list(self.handles):
             handle.release()
 
@@ -550,6 +576,8 @@ def _delete(comm, keyval, session):
 
 
 _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete)
+#: every live session of this process: the end of the job ends each, and the cache counts
+#: their node windows
 _ALL: "weakref.WeakSet[Session]" = weakref.WeakSet()
 #: numbers sessions in the order this rank creates them (every rank of a communicator
 #: creates its session in the same order relative to the others' it shares)

@@ -178,8 +178,8 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
         choice = (choice, ()) if choice is not None else \
             _trial(session, trial, count, dtype, op)
         if trial:
-            session.choices[band] = choice
-    session.choices[key] = choice
+            session.remember_choice(band, choice)
+    session.remember_choice(key, choice)
     return choice[0], dict(choice[1])
 
 

@@ -15,12 +15,12 @@ import os
 import threading
 import time
 
-__all__ = ["Timeline", "THREADS", "read"]
+__all__ = ["TrainTimeline", "THREADS", "read"]
 
 THREADS = {"compute": 0, "communication": 1}
 
 
-class Timeline:
+class TrainTimeline:
     """Spans of one rank, in ``time.perf_counter()`` seconds, kept from ``start`` on."""
 
     def __init__(self, rank: int):

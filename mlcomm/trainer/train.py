@@ -23,7 +23,7 @@ from .models import build_model, hidden_for_params
 from .optim import SGD, scaled_lr
 from .ps import AsyncPS
 from .sync import BSP, SSP, Backup
-from .timeline import Timeline
+from .timeline import TrainTimeline
 from .wire import Wire
 
 __all__ = ["TrainConfig", "TrainResult", "train", "validate"]
@@ -232,7 +232,7 @@ class _Context:
         self.global_batch = cfg.batch_size * self.workers
         self.straggler = _parse_straggler(cfg.straggler, self.size)
         self.wire = Wire(comm)
-        self.timeline = Timeline(self.rank) if cfg.timeline else None
+        self.timeline = TrainTimeline(self.rank) if cfg.timeline else None
         self.computed_span = None    # (start, end) of the last gradient computation
         self.checkpoint = None       # checkpoint(step): a collective checkpoint, set by train
         self._stop = threading.Event()

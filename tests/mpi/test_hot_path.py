@@ -98,24 +98,24 @@ def test_alternating_algorithms_on_one_buffer_stay_repeats():
             x += trial
             mlcomm.allreduce(x, y, algorithm=name)
             agree(np.array_equal(y, reference(COMM, x, "sum")), f"{name} trial {trial}")
-            slot = session.SLOTS.get(session.slot_key(x, y, name))
-            agree(slot is not None and slot.recv_ref() is y and slot.algorithm == name, name)
-            if trial:  # the first call's slot ran this one: no re-planning in between
-                agree(slot is seen[name], f"{name} was planned again in trial {trial}")
-            seen[name] = slot
+            bound = session.BOUND_CALLS.get(session.call_key(x, y, name))
+            agree(bound is not None and bound.recv_ref() is y and bound.algorithm == name, name)
+            if trial:  # the first call's bound call ran this one: no re-planning in between
+                agree(bound is seen[name], f"{name} was planned again in trial {trial}")
+            seen[name] = bound
 
 
 def test_a_call_with_options_repeats_until_its_options_change():
     x, y = np.arange(4099, dtype=np.int64) + RANK, np.empty(4099, np.int64)
-    slots = []
+    bound = []
     for segment in (512, 512, 1024, 1024):
         x += 1
         mlcomm.allreduce(x, y, algorithm="ring", segment_bytes=segment)
         agree(np.array_equal(y, reference(COMM, x, "sum")), f"segment_bytes={segment}")
-        slots.append(session.SLOTS.get(session.slot_key(x, y, "ring")))
-        agree(slots[-1] is not None and slots[-1].options == {"segment_bytes": segment})
-    agree(slots[0] is slots[1] and slots[2] is slots[3] and slots[1] is not slots[2],
-          "equal options repeat through one slot; new options plan again")
+        bound.append(session.BOUND_CALLS.get(session.call_key(x, y, "ring")))
+        agree(bound[-1] is not None and bound[-1].options == {"segment_bytes": segment})
+    agree(bound[0] is bound[1] and bound[2] is bound[3] and bound[1] is not bound[2],
+          "equal options repeat through one bound call; new options plan again")
 
 
 def test_repeated_avg_divides_every_time():
@@ -148,7 +148,7 @@ def test_a_buffer_reshaped_or_replaced_is_planned_again():
 
 
 def test_no_caller_array_is_kept_alive():
-    """Slots hold weak references and bindings addresses: a freed array is gone, and a new
+    """Bound calls hold weak references and bindings addresses: a freed array is gone, and a new
     array that reuses its id (and maybe its memory) is never mistaken for it."""
     import gc
     import weakref

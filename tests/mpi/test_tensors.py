@@ -74,16 +74,16 @@ def test_a_non_contiguous_tensor_is_refused():
         mlcomm.allreduce(torch.ones(4, 4).t())
 
 
-def test_repeated_tensor_calls_take_the_slot_and_see_storage_changes():
+def test_repeated_tensor_calls_take_their_bound_call_and_see_storage_changes():
     from mlcomm import session
     x, y = torch.full((6,), float(RANK)), torch.empty(6)
     mlcomm.allreduce(x, y, algorithm="ring")
-    slot = session.SLOTS.get(session.slot_key(x, y, "ring"))
-    agree(slot is not None, "a repeated tensor call has no slot")
+    bound = session.BOUND_CALLS.get(session.call_key(x, y, "ring"))
+    agree(bound is not None, "a repeated tensor call has no bound call")
     for trial in range(3):
         x.fill_(RANK + trial)
         agree(torch.all(mlcomm.allreduce(x, y, algorithm="ring") == P * trial + P * (P - 1) / 2))
-    y.set_(torch.empty(6).untyped_storage())  # new storage: the slot must not run
+    y.set_(torch.empty(6).untyped_storage())  # new storage: the bound call must not run
     x.fill_(1.0)
     got = mlcomm.allreduce(x, y, algorithm="ring")
     agree(got is y and torch.all(y == P), f"{y}")
