@@ -18,7 +18,7 @@ from .runtime.progress import Request
 from .session import BOUND_CALLS, MISS, BoundCall, call_key, remembers, runner
 from .session import get as session_of
 from .session.auto import agreed_choice, plan_for, requested
-from .transport.mpi import op_name
+from .transport.mpi.names import op_name
 from .transport.native import native_call, native_dtype_ok, supports
 
 __all__ = ["allreduce", "iallreduce", "istart", "allreduce_init", "Persistent", "Request",

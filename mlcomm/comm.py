@@ -18,7 +18,7 @@ from . import api, kernels
 from .buffers import gpu
 from .algorithms import AUTO, COLLECTIVES, resolve
 from .session import get as session_of
-from .transport.mpi import op_name
+from .transport.mpi.names import op_name
 
 __all__ = ["Comm"]
 

@@ -128,7 +128,7 @@ def abort_on_error(func, *args, **kwargs):
 
 
 def _abort(comm, code: int) -> None:
-    from ..transport.mpi import abort_job
+    from ..transport.mpi.abort import abort_job
     abort_job(code=code, comm=comm)
 
 

@@ -189,41 +189,42 @@ class Schedule:
 
 
 class Timeline:
-    """Build a schedule by time slot; empty slots and empty regions vanish.
+    """Build a schedule by time step; empty steps and empty regions vanish.
 
     Pieces of an algorithm that run concurrently (the two trees of the
-    double binary tree) add their work to the same slots.  Sequential
-    pieces take slots one after the other (``self.now``).
+    double binary tree) add their work to the same steps.  Sequential
+    pieces take steps one after the other (``self.now``). ``slot``: the
+    window slot, in elements, that the schedule needs (:meth:`need_slot`).
     """
 
     def __init__(self, rank: int, size: int):
         self.rank, self.size = rank, size
-        self.slots: dict[int, Step] = {}
+        self.at: dict[int, Step] = {}
         self.scratch = 0
         self.node: tuple = ()
         self.slot = 0
         self.turns = False
         self.now = 0
 
-    def _slot(self, t: int) -> Step:
-        step = self.slots.get(t)
+    def _step(self, t: int) -> Step:
+        step = self.at.get(t)
         if step is None:
-            step = self.slots[t] = Step()
+            step = self.at[t] = Step()
         return step
 
     def send(self, t: int, peer: int, region: Region) -> None:
         if region.count and peer != self.rank:
-            self._slot(t).transfers.append(Send(peer, region))
+            self._step(t).transfers.append(Send(peer, region))
 
     def recv(self, t: int, peer: int, region: Region) -> None:
         if region.count and peer != self.rank:
-            self._slot(t).transfers.append(Recv(peer, region))
+            self._step(t).transfers.append(Recv(peer, region))
 
     def post(self, t: int, count: int) -> None:
-        self._slot(t).transfers.append(Post(count))
+        self._step(t).transfers.append(Post(count))
 
     def wait(self, t: int, peer: int, count: int) -> None:
-        self._slot(t).transfers.append(Await(peer, count))
+        self._step(t).transfers.append(Await(peer, count))
 
     def need_slot(self, count: int) -> None:
         self.slot = max(self.slot, count)
@@ -231,18 +232,17 @@ class Timeline:
     def reduce(self, t: int, dst: Region, src: Region, left: Region | None = None) -> None:
         """``dst = left (op) src`` (``left`` defaults to ``dst``)."""
         if dst.count:
-            self._slot(t).ops.append(Reduce(dst, src, None if left == dst else left))
+            self._step(t).ops.append(Reduce(dst, src, None if left == dst else left))
 
     def copy(self, t: int, dst: Region, src: Region) -> None:
         if dst.count and dst != src:
-            self._slot(t).ops.append(Copy(dst, src))
+            self._step(t).ops.append(Copy(dst, src))
 
     def need_scratch(self, count: int) -> None:
         self.scratch = max(self.scratch, count)
 
     def schedule(self, input_count: int, output_count: int) -> Schedule:
-        steps = [self.slots[t] for t in sorted(self.slots)
-                 if self.slots[t].transfers or self.slots[t].ops]
+        steps = [self.at[t] for t in sorted(self.at) if self.at[t].transfers or self.at[t].ops]
         return Schedule(self.rank, self.size, input_count, output_count,
                         self.scratch, steps, self.node, self.slot, self.turns)
 

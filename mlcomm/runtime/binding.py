@@ -28,7 +28,7 @@ from .loop import HostMemory, PythonLoop, compiled_loop
 from ..ir.program import INPUT, OUTPUT, SCRATCH, SLOTS
 from ..ir.schedule import TURN_BYTES
 from ..transport import Site, Transport, registry
-from ..transport.mpi import abort_job
+from ..transport.mpi.abort import abort_job
 
 __all__ = ["Settings", "Binding", "settings_from_env"]
 

@@ -32,7 +32,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .binding import Settings
-from ..transport.mpi import abort_job
+from ..transport.mpi.abort import abort_job
 
 __all__ = ["Watch", "world_roll", "mark"]
 

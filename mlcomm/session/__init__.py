@@ -61,7 +61,8 @@ from ..algorithms import resolve
 from ..runtime.binding import Binding, buffer_key, settings_from_env
 from ..runtime.plan import make_plan, plan_key
 from ..runtime.progress import Progress
-from ..transport.mpi import TAG, abort_job
+from ..transport.mpi import TAG
+from ..transport.mpi.abort import abort_job
 from ..transport import MESSAGES, PATHS
 from ..runtime.watch import Watch, free_world, world_roll
 
@@ -459,6 +460,11 @@ class Session:
     def remember_choice(self, key, choice):
         """Keep ``auto``'s agreed ``choice`` for ``key``, a call layout or a size band."""
         self.choices[key] = choice
+
+    def remember_trial(self, band, record):
+        """Keep what ``auto``'s trial timed for a size ``band``: its first, warm and median
+        times, its spending and its pick, for a reader that asks why it chose."""
+        self.trials[band] = record
 
     # bound calls
     def remember_call(self, key, bound):

@@ -298,14 +298,14 @@ def _trial(session, trial, count, dtype, op) -> tuple:
         for binding in bindings.values():
             binding.free()
     pick = alive[trial_pick([trial[i][1] for i in alive], [estimate[i] for i in alive])]
-    session.trials[_band_key(count, dtype, op)] = {
+    session.remember_trial(_band_key(count, dtype, op), {
         "first": {_label_of(trial[i]): float(first[i]) for i in keep},
         "calls": {_label_of(trial[i]): int(calls[i]) for i in range(len(trial))},
         "median": {_label_of(trial[i]): estimate[i] for i in range(len(trial)) if calls[i]},
         "warm": {_label_of(trial[i]): float(basis[i]) for i in keep} if not probes else {},
         "spent": float(TRIAL_STEADY * basis.min() + TRIAL_FLOOR - budget),
         "budget": float(TRIAL_STEADY * basis.min() + TRIAL_FLOOR),
-        "probes": [int(m) for m in probes], "pick": _label_of(trial[pick])}
+        "probes": [int(m) for m in probes], "pick": _label_of(trial[pick])})
     if session.rank == 0 and config.debug():
         ranked = ", ".join(f"{_label_of(trial[i])}={estimate[i] * 1e6:.1f}us"
                            for i in sorted(range(len(trial)), key=lambda i: estimate[i]))

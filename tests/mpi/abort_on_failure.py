@@ -14,7 +14,7 @@ def pytest_runtest_makereport(item, call):
     from mpi4py import MPI
     if not MPI.Is_initialized() or MPI.Is_finalized() or MPI.COMM_WORLD.Get_size() == 1:
         return
-    from mlcomm.transport.mpi import abort_job
+    from mlcomm.transport.mpi.abort import abort_job
     rank = MPI.COMM_WORLD.Get_rank()
     abort_job(f"\n[rank {rank}] FAILED {item.nodeid} ({report.when}); ending the job\n"
               f"{report.longreprtext}")

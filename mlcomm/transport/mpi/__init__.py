@@ -1,4 +1,4 @@
-"""The MPI point-to-point transport (persistent requests), MPI op names, and ending the job.
+"""The MPI point-to-point transport: persistent requests.
 
 :class:`PointToPoint` binds one persistent request per transfer (``Send_init``/``Recv_init``,
 as bytes) once; the loops start and complete them by range. Completion is polled
@@ -15,43 +15,13 @@ from mpi4py import MPI
 from numba import carray
 
 from ..cabi import ccall2, ccall3, ccall4, i64_array_at
-from ...kernels import OP_TABLE, OPS, normalize_op
 from .. import FAULT, Transport, compile_calls
+from .names import describe_error
 
-__all__ = ["PointToPoint", "bind", "op_name", "describe_error", "abort_job"]
+__all__ = ["PointToPoint", "bind", "TAG"]
 
 #: the tag of a program's messages (a watched wait's roll call has its own)
 TAG = 0
-
-# --- ops -------------------------------------------------------------------------------------
-
-_MPI_OPS = {name: getattr(MPI, op.mpi) for name, op in OP_TABLE.items()}
-
-
-def op_name(op) -> str:
-    """Normalise an op given by name (or alias) or as an ``MPI.Op`` constant."""
-    if isinstance(op, MPI.Op):
-        for name, const in _MPI_OPS.items():
-            if not OP_TABLE[name].divides and op == const:
-                return name
-    else:
-        try:
-            return normalize_op(op)
-        except ValueError:
-            pass
-    raise ValueError(f"op={op!r} is not supported; use one of {', '.join(OPS)} "
-                     f"or the matching MPI.Op constant")
-
-
-def describe_error(code: int) -> str:
-    """The MPI library's text for error ``code``."""
-    try:
-        return MPI.Get_error_string(code)
-    except MPI.Exception:
-        return f"MPI error {code}"
-
-
-# --- point to point --------------------------------------------------------------------------
 
 # context words (int64) of a bound PointToPoint, read by the compiled start/test
 _REQ_BYTES, _REQS, _STATUSES, _STATUS_BYTES, _STARTALL, _TESTALL, _GET_COUNT, _BYTE = range(8)
@@ -218,25 +188,6 @@ class PointToPoint(Transport):
 
 def _address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
-
-
-def abort_job(message: str | None = None, code: int = 1, comm=None) -> None:
-    """Print ``message`` and end the whole MPI job, as MPI's fatal error handler does.
-
-    The output gets a moment to reach the launcher first (an aborted job's last lines can
-    be lost otherwise). ``MPI_Abort`` may return before the process manager ends this
-    process (MPICH's does), so this process then exits at once: nothing after it runs.
-    """
-    import os
-    import sys
-    import time
-    if message:
-        print(message, file=sys.stderr, flush=True)
-    time.sleep(0.2)
-    try:
-        (comm or MPI.COMM_WORLD).Abort(code)
-    finally:
-        os._exit(code)
 
 
 def bind(site) -> PointToPoint:

@@ -251,7 +251,7 @@ class LibraryCollectives(Transport):
         return None
 
     def fault(self) -> str:
-        from ..mpi import describe_error
+        from ..mpi.names import describe_error
         code = self._fault if self._fault is not None else int(self._ctx[_ERROR])
         self._fault = None
         return f"the MPI library's collective failed: {describe_error(code)}"
