@@ -1,7 +1,7 @@
 """The MPI job suite on the other MPIs a user installs from wheels, Open MPI and Intel MPI:
 at 2 ranks, and its algorithms, non-blocking, persistent and torch files at 3, with
 mlcomm's wheel installed outside the checkout and run from there (tests/test_mpi_jobs.py
-runs the suite on MPICH at 1 to 7 ranks).
+runs the suite on MPICH at 1 to 3 and 5 to 7 ranks).
 
 The dtype x op matrices stay MPICH-only: the kernels behind them do not change with the MPI.
 """
