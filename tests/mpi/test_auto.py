@@ -168,6 +168,9 @@ def test_a_trial_keeps_to_its_budget(fresh, monkeypatch, count):
     timed = sum(record["calls"][k] * t for k, t in record["median"].items())
     one_each = sum(record["median"].values())
     first = sum(record["first"].values())  # every candidate's first call
-    agree(timed == 0 or first + timed <= max(record["budget"], first) + one_each,
+    # a round's calls are sized on the estimates before it, and a median may sit above
+    # them: 10 % of slack (an Intel MPI job at 2 ranks overstepped by 0.6 %); a trial
+    # without its budget spends many times over
+    agree(timed == 0 or first + timed <= 1.1 * max(record["budget"], first) + one_each,
           f"the rounds overstep the budget: {record}")
     agree(record["pick"] in record["first"], str(record))
