@@ -142,13 +142,13 @@ def seed_numba_cache(venv):
     suite's earlier jobs compiled) into ``venv``'s installed mlcomm. Numba keys an entry by
     the source file's contents and the machine, so an entry that does not fit is compiled
     anew; one that fits spares that venv's first job the compile (a minute or more)."""
+    caches = {cache: cache.relative_to(ROOT / "mlcomm")
+              for cache in ROOT.glob("mlcomm/**/__pycache__")}
+    caches[ROOT / "kernels" / "__pycache__"] = Path("kernels", "__pycache__")  # mlcomm.kernels
     for installed in Path(venv).glob("lib/python*/site-packages/mlcomm"):
-        for cache in [*ROOT.glob("mlcomm/**/__pycache__"), ROOT / "kernels" / "__pycache__"]:
-            source = cache.parent.relative_to(ROOT)
-            target = installed / Path(*source.parts[1:]) / "__pycache__" \
-                if source.parts[0] == "mlcomm" else installed / "kernels" / "__pycache__"
-            if not target.parent.is_dir():
-                continue
-            target.mkdir(exist_ok=True)
-            for entry in [*cache.glob("*.nbi"), *cache.glob("*.nbc")]:
-                shutil.copy2(entry, target / entry.name)
+        for cache, relative in caches.items():
+            target = installed / relative
+            if target.parent.is_dir():
+                target.mkdir(exist_ok=True)
+                for entry in [*cache.glob("*.nbi"), *cache.glob("*.nbc")]:
+                    shutil.copy2(entry, target / entry.name)
