@@ -392,10 +392,11 @@ class Session:
         _evict_to(bound, key)
         return binding
 
-    def own_binding(self, plan, inp, out):
-        """A binding outside the cache, with its own scratch (a persistent handle's)."""
-        return Binding(self.comm, plan, inp, out, self.settings, moved=self.moved,
-                       window=self.window() if plan.program.node_size else None)
+    def own_binding(self, plan, inp, out, scratch=None):
+        """A binding outside the cache (a persistent handle's, or one of auto's trial), on
+        ``scratch`` where given, else its own."""
+        return Binding(self.comm, plan, inp, out, self.settings, scratch, self.moved,
+                       self.window() if plan.program.node_size else None)
 
     def context(self, names) -> dict:
         """The options this session supplies to a node-aware algorithm (``Algorithm.context``):

@@ -34,15 +34,17 @@ TRIAL_FLOOR = 20e-3
 #: rounds of timed blocks at most, and the shortest block worth timing (seconds)
 TRIAL_ROUNDS = 5
 TRIAL_BLOCK_SECONDS = 200e-6
-#: a candidate whose first call is this much slower than the fastest first call is not
-#: timed further; one whose median is this much slower than the best median leaves after
+#: a candidate whose first call (its warm calls, below TRIAL_PROBE_BYTES) is this much
+#: slower than the fastest is not timed further; one whose median is this much slower than the best median leaves after
 #: its round
 TRIAL_PRUNE = 1.5
 TRIAL_DROP = 1.25
-#: from this many bytes on, first calls are timed on a quarter and a sixteenth of the size
-#: first, each keeping the candidates within TRIAL_PROBE_PRUNE of its fastest
+#: from this many bytes on, the candidates are timed on a sixteenth and then a quarter of
+#: the size first (each the faster of two calls), each keeping those within
+#: TRIAL_PROBE_PRUNE of its fastest, the quarter at most TRIAL_FINALISTS of them
 TRIAL_PROBE_BYTES = 1 << 20
-TRIAL_PROBE_PRUNE = 2.0
+TRIAL_PROBE_PRUNE = 1.5
+TRIAL_FINALISTS = 3
 #: below TRIAL_PROBE_BYTES, each candidate's fastest of this many calls after its first
 #: stands for it where the first call would (a small call's first is mostly set-up)
 TRIAL_WARM = 3
@@ -227,57 +229,68 @@ def round_order(names, k) -> list:
 def _trial(session, trial, count, dtype, op) -> tuple:
     """Time the candidates on scratch buffers on every rank; return the fastest as ``(name,
     options)``, the same on every rank (every decision below is taken on times reduced to
-    the slowest rank's).
+    the slowest rank's, and on the slowest rank's clock).
 
-    The trial keeps to a budget: :data:`TRIAL_STEADY` calls of its fastest candidate plus
-    :data:`TRIAL_FLOOR` seconds. Every candidate's first call is timed; those within
-    :data:`TRIAL_PRUNE` of the fastest are then timed in rounds of interleaved blocks (a
-    block lasts at least :data:`TRIAL_BLOCK_SECONDS`), each round dropping those whose
-    median is :data:`TRIAL_DROP` slower than the best, until one is left, the rounds are
-    done or the budget is spent; the medians decide (:func:`trial_pick`). A variant whose
-    schedule is its default's on every rank is not timed. What it timed is kept in
-    ``session.trials`` by band.
+    The whole trial, set-up included, keeps to a budget: :data:`TRIAL_STEADY` calls of its
+    fastest candidate plus :data:`TRIAL_FLOOR` seconds. From :data:`TRIAL_PROBE_BYTES` on,
+    the candidates are first timed on a sixteenth and a quarter of the size, which leave
+    at most :data:`TRIAL_FINALISTS` (:func:`_probe`). Every candidate left is called once
+    at the full size; those within :data:`TRIAL_PRUNE` of the fastest are then timed in
+    rounds of interleaved blocks (a block lasts at least :data:`TRIAL_BLOCK_SECONDS`), each
+    round dropping those whose median is :data:`TRIAL_DROP` slower than the best, until
+    one is left, the rounds are done or the budget would not hold another call of each;
+    the medians decide (:func:`trial_pick`). An entry whose schedule is an earlier one's on
+    every rank is not timed. What it timed is kept in ``session.trials`` by band.
     """
     session.wait_started()
+    began = time.perf_counter()
     n = max(1, min(count, TRIAL_BYTES // dtype.itemsize))
-    trial, plans = distinct_plans(session, trial, n, dtype, op)
+    arena = _Arena(session, n, dtype)
     sync = lambda: session.watch.barrier(session.comm, "auto's trial", roll=False)
-    spent, keep = 0.0, list(range(len(trial)))
     probes = [n // 16, n // 4] if n * dtype.itemsize >= TRIAL_PROBE_BYTES else []
-    for m in probes:  # cheap first calls on smaller sizes thin out the candidates
-        times = _first_calls(session, [trial[i] for i in keep], m, dtype, op, sync)
-        spent += times.sum()
-        keep = [i for i, t in zip(keep, times) if t <= TRIAL_PROBE_PRUNE * times.min()]
-    # written memory, as a caller's: pages never written all map the kernel's zero page,
-    # and single-copy reads (process_vm_readv) of it are slower than of written pages
-    inp, out = np.ones(n, dtype), np.ones(n, dtype)
+    probed = []
+    for k, m in enumerate(probes):  # cheap calls on smaller sizes thin out the candidates
+        trial, plans = distinct_plans(session, trial, m, dtype, op)
+        times, _ = _slowest(session, _probe(arena, [plans[entry] for entry in trial], m,
+                                            sync), began)
+        probed.append({_label_of(entry): float(t) for entry, t in zip(trial, times)})
+        ranked = [i for i in np.argsort(times, kind="stable")
+                  if times[i] <= TRIAL_PROBE_PRUNE * times.min()]
+        if k == len(probes) - 1:
+            ranked = ranked[:TRIAL_FINALISTS]
+        trial = [trial[i] for i in sorted(ranked)]  # in the model's order still
+    trial, plans = distinct_plans(session, trial, n, dtype, op)
+    arena.reserve(plans[entry] for entry in trial)
     bindings = {}
     try:
-        first = np.full(len(trial), np.inf)
-        for i in keep:
-            bindings[i] = session.own_binding(plans[trial[i]], inp, out)
-            bindings[i].scratch[...] = 0  # touched, as a repeated call finds it
+        # each candidate's first call, and below TRIAL_PROBE_BYTES its warm calls: a small
+        # call's first is mostly set-up, and the fastest of a few warm ones judges
+        warm = 0 if probes else TRIAL_WARM
+        first, basis = np.full(len(trial), np.inf), np.full(len(trial), np.inf)
+        for i, entry in enumerate(trial):
+            bindings[i] = arena.bind(plans[entry], n)
             sync()
-            start = time.perf_counter()
-            bindings[i].run()
-            first[i] = time.perf_counter() - start
-        first[keep] = _slowest(session, first[keep])
-        spent += first[keep].sum()
-        basis = first
-        if not probes:  # a small call's first is mostly set-up: the warm calls judge
-            basis, took = _warm_calls(session, bindings, len(trial), sync)
-            spent += took
-        budget = TRIAL_STEADY * basis.min() + TRIAL_FLOOR - spent
-        alive = [i for i in keep if basis[i] <= TRIAL_PRUNE * basis.min()]
+            for j in range(1 + warm):
+                start = time.perf_counter()
+                bindings[i].run()
+                took = time.perf_counter() - start
+                if j:
+                    basis[i] = min(basis[i], took)
+                else:
+                    first[i] = took
+        both, elapsed = _slowest(session, np.concatenate([first, basis]), began)
+        first, basis = both[:len(trial)], both[len(trial):] if warm else both[:len(trial)]
+        budget = TRIAL_STEADY * basis.min() + TRIAL_FLOOR
+        alive = [i for i in range(len(trial)) if basis[i] <= TRIAL_PRUNE * basis.min()]
         samples = {i: [] for i in alive}
         estimate = basis.copy()
         calls = np.zeros(len(trial), np.int64)
         for r in range(TRIAL_ROUNDS):
-            one_each = sum(estimate[i] for i in alive)
-            if len(alive) == 1 or budget < one_each:
+            one_each, left = sum(estimate[i] for i in alive), budget - elapsed
+            if len(alive) == 1 or left < one_each:
                 break
-            block = max(TRIAL_BLOCK_SECONDS, budget / (TRIAL_ROUNDS - r) / len(alive))
-            block = min(block, budget / len(alive))
+            block = max(TRIAL_BLOCK_SECONDS, left / (TRIAL_ROUNDS - r) / len(alive))
+            block = min(block, left / len(alive))
             times = np.zeros(len(trial))
             counts = {i: max(1, int(block // estimate[i])) for i in alive}
             for i in round_order(alive, r):  # interleaved: drift hits them all
@@ -286,79 +299,86 @@ def _trial(session, trial, count, dtype, op) -> tuple:
                 for _ in range(counts[i]):
                     bindings[i].run()
                 times[i] = (time.perf_counter() - start) / counts[i]
-            times = _slowest(session, times)
+            times, elapsed = _slowest(session, times, began)
             for i in alive:
                 samples[i].append(times[i])
                 estimate[i] = float(np.median(samples[i]))
                 calls[i] += counts[i]
-                budget -= counts[i] * times[i]
             best = min(estimate[i] for i in alive)
             alive = [i for i in alive if estimate[i] <= TRIAL_DROP * best]
     finally:
         for binding in bindings.values():
             binding.free()
     pick = alive[trial_pick([trial[i][1] for i in alive], [estimate[i] for i in alive])]
+    labels = [_label_of(entry) for entry in trial]
     session.remember_trial(_band_key(count, dtype, op), {
-        "first": {_label_of(trial[i]): float(first[i]) for i in keep},
-        "calls": {_label_of(trial[i]): int(calls[i]) for i in range(len(trial))},
-        "median": {_label_of(trial[i]): estimate[i] for i in range(len(trial)) if calls[i]},
-        "warm": {_label_of(trial[i]): float(basis[i]) for i in keep} if not probes else {},
-        "spent": float(TRIAL_STEADY * basis.min() + TRIAL_FLOOR - budget),
-        "budget": float(TRIAL_STEADY * basis.min() + TRIAL_FLOOR),
-        "probes": [int(m) for m in probes], "pick": _label_of(trial[pick])})
+        "probes": [int(m) for m in probes], "probed": probed,
+        "first": dict(zip(labels, first.tolist())),
+        "warm": dict(zip(labels, basis.tolist())) if not probes else {},
+        "calls": dict(zip(labels, calls.tolist())),
+        "median": {labels[i]: estimate[i] for i in range(len(trial)) if calls[i]},
+        "spent": elapsed, "budget": float(budget), "pick": labels[pick]})
     if session.rank == 0 and config.debug():
-        ranked = ", ".join(f"{_label_of(trial[i])}={estimate[i] * 1e6:.1f}us"
+        ranked = ", ".join(f"{labels[i]}={estimate[i] * 1e6:.1f}us"
                            for i in sorted(range(len(trial)), key=lambda i: estimate[i]))
         log.warning("mlcomm: auto p=%d bytes=%d -> %s (measured on %d bytes; %s)",
-                    session.size, count * dtype.itemsize, _label_of(trial[pick]),
+                    session.size, count * dtype.itemsize, labels[pick],
                     n * dtype.itemsize, ranked)
     return trial[pick]
 
 
-def _warm_calls(session, bindings, n, sync) -> tuple:
-    """``(times, seconds)``: each bound candidate's fastest of :data:`TRIAL_WARM` calls after
-    its first (the slowest rank's; inf for the others), and the seconds they took. The
-    fastest of a few: a rank descheduled in one call (ranks may outnumber cores) does not
-    count against the candidate."""
-    times = np.full(n, np.inf)
-    start = time.perf_counter()
-    for i, binding in bindings.items():
-        sync()
-        for _ in range(TRIAL_WARM):
-            t = time.perf_counter()
-            binding.run()
-            times[i] = min(times[i], time.perf_counter() - t)
-    took = np.array([time.perf_counter() - start])
-    keys = sorted(bindings)
-    times[keys] = _slowest(session, times[keys])
-    return times, float(_slowest(session, took)[0])
+class _Arena:
+    """The trial's buffers, which its candidates share (they run one at a time): input and
+    output of ``n`` elements, written as a caller's are (pages never written all map the
+    kernel's zero page, and single-copy reads of it are slower than of written pages), and
+    scratch as large as the largest candidate's, written once. A call of ``m`` elements
+    runs on their first ``m``."""
+
+    def __init__(self, session, n, dtype):
+        self.session = session
+        self.inp, self.out = np.ones(n, dtype), np.ones(n, dtype)
+        self.scratch = np.zeros(0, dtype)
+
+    def reserve(self, plans):
+        """Scratch for the largest of ``plans``, touched, as a repeated call finds it."""
+        need = max((plan.program.counts[2] for plan in plans), default=0)
+        if need > self.scratch.size:
+            self.scratch = np.empty(need, self.scratch.dtype)
+            self.scratch[...] = 0
+
+    def bind(self, plan, m):
+        """``plan`` bound to the arena's first ``m`` elements (freed by the caller)."""
+        self.reserve([plan])
+        return self.session.own_binding(plan, self.inp[:m], self.out[:m],
+                                        self.scratch[:plan.program.counts[2]])
 
 
-def _first_calls(session, entries, count, dtype, op, sync) -> np.ndarray:
-    """The first call's time of each ``(name, options)`` on ``count`` elements, the slowest
-    rank's."""
-    inp, out = np.ones(count, dtype), np.ones(count, dtype)
-    times = np.zeros(len(entries))
-    for i, (name, options) in enumerate(entries):
-        binding = session.own_binding(plan_for(session, "allreduce", name, count, dtype, op,
-                                               dict(options)), inp, out)
+def _probe(arena, plans, m, sync) -> np.ndarray:
+    """Each plan's time on ``m`` elements of ``arena``, the faster of its first call and
+    one more (this rank's)."""
+    arena.reserve(plans)
+    times = np.full(len(plans), np.inf)
+    for i, plan in enumerate(plans):
+        binding = arena.bind(plan, m)
         try:
-            binding.scratch[...] = 0
             sync()
-            start = time.perf_counter()
-            binding.run()
-            times[i] = time.perf_counter() - start
+            for _ in range(2):
+                start = time.perf_counter()
+                binding.run()
+                times[i] = min(times[i], time.perf_counter() - start)
         finally:
             binding.free()
-    return _slowest(session, times)
-
-
-def _slowest(session, times) -> np.ndarray:
-    """``times`` reduced to the slowest rank's, on every rank."""
-    from mpi4py import MPI
-    session.watch.wait(lambda: session.comm.Iallreduce(MPI.IN_PLACE, times, op=MPI.MAX),
-                       "auto's trial", roll=False)
     return times
+
+
+def _slowest(session, times, began) -> tuple:
+    """``(times, elapsed)``: ``times`` reduced to the slowest rank's, and the seconds since
+    ``began`` on the slowest rank, the same on every rank."""
+    from mpi4py import MPI
+    both = np.append(times, time.perf_counter() - began)
+    session.watch.wait(lambda: session.comm.Iallreduce(MPI.IN_PLACE, both, op=MPI.MAX),
+                       "auto's trial", roll=False)
+    return both[:-1], float(both[-1])
 
 
 def _band_key(count, dtype, op) -> tuple:
