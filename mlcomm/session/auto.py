@@ -39,15 +39,22 @@ TRIAL_BLOCK_SECONDS = 200e-6
 #: its round
 TRIAL_PRUNE = 1.5
 TRIAL_DROP = 1.25
-#: from this many bytes on, the candidates are timed on a sixteenth and then a quarter of
-#: the size first (each the faster of two calls), each keeping those within
-#: TRIAL_PROBE_PRUNE of its fastest, the quarter at most TRIAL_FINALISTS of them
+#: from this many bytes on, the candidates are first timed on a sixteenth of the size, each
+#: the fastest of TRIAL_PROBE_CALLS calls (the window's algorithms alternate two sets of
+#: areas, each slow on its first use); at most TRIAL_FINALISTS of those within
+#: TRIAL_PROBE_PRUNE of the fastest go on to the full size
 TRIAL_PROBE_BYTES = 1 << 20
+TRIAL_PROBE_CALLS = 4
 TRIAL_PROBE_PRUNE = 1.5
 TRIAL_FINALISTS = 3
-#: below TRIAL_PROBE_BYTES, each candidate's fastest of this many calls after its first
-#: stands for it where the first call would (a small call's first is mostly set-up)
+#: the model's favourite goes on within this factor of the probe's fastest too: a probe
+#: right after a barrier can misjudge (at P = 4 on 2 cores it timed shared_memory 1.2-1.9x
+#: slower than ring at 1 MiB; at 16 MiB shared_memory is 1.4x faster)
+TRIAL_FAVOURITE_PRUNE = 2.0
+#: each candidate's fastest of this many calls after its first stands for it (a first call
+#: is mostly set-up); from TRIAL_PROBE_BYTES, of TRIAL_WARM_LARGE
 TRIAL_WARM = 3
+TRIAL_WARM_LARGE = 1
 #: measured times within this factor of the fastest count as a tie (the model's order breaks it)
 TRIAL_TIE = 1.02
 #: a variant (:data:`VARIANTS`) is chosen only where it times this much faster than the
@@ -63,10 +70,13 @@ WINDOW_ONLY = (("single_copy_bytes", 1 << 62),)
 
 def _window_variant(name):
     """``name`` (shared_memory, or hierarchical's intra-node phases) through the window where
-    it would read its peers' buffers (from its ``single_copy_bytes``): which is faster
-    depends on whether the node's cores share a cache (docs/performance.rst)."""
+    it would read its peers' buffers (from its ``single_copy_bytes`` up to
+    :data:`TRIAL_PROBE_BYTES`): which is faster depends on whether the node's cores share a
+    cache (docs/performance.rst). From TRIAL_PROBE_BYTES the trial could time it only on a
+    quarter of the size, which a cache holds where the whole may not be held: the window
+    timed there up to 4x slower than reading peers' buffers at 16 MiB, faster at 4 MiB."""
     least = ALGORITHMS[name].options["single_copy_bytes"]
-    return lambda nbytes: [WINDOW_ONLY] if nbytes >= least else []
+    return lambda nbytes: [WINDOW_ONLY] if least <= nbytes < TRIAL_PROBE_BYTES else []
 
 
 #: the library's blocking collective, timed beside its non-blocking one (which yields the
@@ -231,41 +241,47 @@ def _trial(session, trial, count, dtype, op) -> tuple:
     options)``, the same on every rank (every decision below is taken on times reduced to
     the slowest rank's, and on the slowest rank's clock).
 
-    The whole trial, set-up included, keeps to a budget: :data:`TRIAL_STEADY` calls of its
-    fastest candidate plus :data:`TRIAL_FLOOR` seconds. From :data:`TRIAL_PROBE_BYTES` on,
-    the candidates are first timed on a sixteenth and a quarter of the size, which leave
-    at most :data:`TRIAL_FINALISTS` (:func:`_probe`). Every candidate left is called once
-    at the full size; those within :data:`TRIAL_PRUNE` of the fastest are then timed in
-    rounds of interleaved blocks (a block lasts at least :data:`TRIAL_BLOCK_SECONDS`), each
-    round dropping those whose median is :data:`TRIAL_DROP` slower than the best, until
-    one is left, the rounds are done or the budget would not hold another call of each;
-    the medians decide (:func:`trial_pick`). An entry whose schedule is an earlier one's on
+    The trial, set-up included, aims at a budget: :data:`TRIAL_STEADY` calls of its fastest
+    candidate plus :data:`TRIAL_FLOOR` seconds. From :data:`TRIAL_PROBE_BYTES` on, the
+    candidates are first timed on a sixteenth of the size (:func:`_probe`), which leaves
+    at most :data:`TRIAL_FINALISTS`. Each candidate left is called once at the full size
+    to set up, then :data:`TRIAL_WARM` times (:data:`TRIAL_WARM_LARGE` after a probe), the
+    fastest standing for it; those within :data:`TRIAL_PRUNE` of the fastest are then
+    timed in rounds of interleaved blocks (a block lasts at least
+    :data:`TRIAL_BLOCK_SECONDS`), each round dropping those whose median is
+    :data:`TRIAL_DROP` slower than the best, until one is left, the rounds are done or the
+    budget would not hold another call of each; the medians decide (:func:`trial_pick`),
+    or the warm calls where no round ran. An entry whose schedule is an earlier one's on
     every rank is not timed. What it timed is kept in ``session.trials`` by band.
     """
     session.wait_started()
     began = time.perf_counter()
     n = max(1, min(count, TRIAL_BYTES // dtype.itemsize))
-    arena = _Arena(session, n, dtype)
+    arena = _Arena(session, dtype)
     sync = lambda: session.watch.barrier(session.comm, "auto's trial", roll=False)
-    probes = [n // 16, n // 4] if n * dtype.itemsize >= TRIAL_PROBE_BYTES else []
-    probed = []
-    for k, m in enumerate(probes):  # cheap calls on smaller sizes thin out the candidates
+    probes = [n // 16] if n * dtype.itemsize >= TRIAL_PROBE_BYTES else []
+    record = {"probes": [int(m) for m in probes], "probed": [], "first": {}, "warm": {},
+              "calls": {}, "median": {}}
+    for m in probes:  # cheap calls on a smaller size thin out the candidates
         trial, plans = distinct_plans(session, trial, m, dtype, op)
-        times, _ = _slowest(session, _probe(arena, [plans[entry] for entry in trial], m,
-                                            sync), began)
-        probed.append({_label_of(entry): float(t) for entry, t in zip(trial, times)})
+        times, elapsed = _slowest(session, _probe(arena, [plans[entry] for entry in trial],
+                                                  m, sync), began)
+        record["probed"].append(dict(zip(map(_label_of, trial), times.tolist())))
         ranked = [i for i in np.argsort(times, kind="stable")
-                  if times[i] <= TRIAL_PROBE_PRUNE * times.min()]
-        if k == len(probes) - 1:
-            ranked = ranked[:TRIAL_FINALISTS]
+                  if times[i] <= TRIAL_PROBE_PRUNE * times.min()][:TRIAL_FINALISTS]
+        if 0 not in ranked and times[0] <= TRIAL_FAVOURITE_PRUNE * times.min():
+            ranked.append(0)  # the model's favourite
+        if len(ranked) == 1:
+            return _decided(session, count, dtype, op, record, trial[ranked[0]], elapsed,
+                            TRIAL_STEADY * n / m * times.min() + TRIAL_FLOOR)
         trial = [trial[i] for i in sorted(ranked)]  # in the model's order still
     trial, plans = distinct_plans(session, trial, n, dtype, op)
-    arena.reserve(plans[entry] for entry in trial)
+    arena.reserve([plans[entry] for entry in trial], n)
     bindings = {}
     try:
-        # each candidate's first call, and below TRIAL_PROBE_BYTES its warm calls: a small
-        # call's first is mostly set-up, and the fastest of a few warm ones judges
-        warm = 0 if probes else TRIAL_WARM
+        # each candidate's first call (set-up), then its warm calls, the fastest of which
+        # judges
+        warm = TRIAL_WARM_LARGE if probes else TRIAL_WARM
         first, basis = np.full(len(trial), np.inf), np.full(len(trial), np.inf)
         for i, entry in enumerate(trial):
             bindings[i] = arena.bind(plans[entry], n)
@@ -279,7 +295,7 @@ def _trial(session, trial, count, dtype, op) -> tuple:
                 else:
                     first[i] = took
         both, elapsed = _slowest(session, np.concatenate([first, basis]), began)
-        first, basis = both[:len(trial)], both[len(trial):] if warm else both[:len(trial)]
+        first, basis = both[:len(trial)], both[len(trial):]
         budget = TRIAL_STEADY * basis.min() + TRIAL_FLOOR
         alive = [i for i in range(len(trial)) if basis[i] <= TRIAL_PRUNE * basis.min()]
         samples = {i: [] for i in alive}
@@ -311,36 +327,43 @@ def _trial(session, trial, count, dtype, op) -> tuple:
             binding.free()
     pick = alive[trial_pick([trial[i][1] for i in alive], [estimate[i] for i in alive])]
     labels = [_label_of(entry) for entry in trial]
-    session.remember_trial(_band_key(count, dtype, op), {
-        "probes": [int(m) for m in probes], "probed": probed,
-        "first": dict(zip(labels, first.tolist())),
-        "warm": dict(zip(labels, basis.tolist())) if not probes else {},
-        "calls": dict(zip(labels, calls.tolist())),
-        "median": {labels[i]: estimate[i] for i in range(len(trial)) if calls[i]},
-        "spent": elapsed, "budget": float(budget), "pick": labels[pick]})
+    record.update(first=dict(zip(labels, first.tolist())),
+                  warm=dict(zip(labels, basis.tolist())),
+                  calls=dict(zip(labels, calls.tolist())),
+                  median={labels[i]: estimate[i] for i in range(len(trial)) if calls[i]})
     if session.rank == 0 and config.debug():
         ranked = ", ".join(f"{labels[i]}={estimate[i] * 1e6:.1f}us"
                            for i in sorted(range(len(trial)), key=lambda i: estimate[i]))
         log.warning("mlcomm: auto p=%d bytes=%d -> %s (measured on %d bytes; %s)",
                     session.size, count * dtype.itemsize, labels[pick],
                     n * dtype.itemsize, ranked)
-    return trial[pick]
+    return _decided(session, count, dtype, op, record, trial[pick], elapsed, budget)
+
+
+def _decided(session, count, dtype, op, record, pick, elapsed, budget) -> tuple:
+    """Keep the trial's ``record`` in ``session.trials`` with its pick, the seconds it
+    spent and its budget; return ``pick``."""
+    session.remember_trial(_band_key(count, dtype, op), dict(
+        record, spent=elapsed, budget=float(budget), pick=_label_of(pick)))
+    return pick
 
 
 class _Arena:
     """The trial's buffers, which its candidates share (they run one at a time): input and
-    output of ``n`` elements, written as a caller's are (pages never written all map the
-    kernel's zero page, and single-copy reads of it are slower than of written pages), and
-    scratch as large as the largest candidate's, written once. A call of ``m`` elements
+    output, written as a caller's are (pages never written all map the kernel's zero page,
+    and single-copy reads of it are slower than of written pages), and scratch, written
+    once; each grows to the largest call bound to it so far, and a call of ``m`` elements
     runs on their first ``m``."""
 
-    def __init__(self, session, n, dtype):
+    def __init__(self, session, dtype):
         self.session = session
-        self.inp, self.out = np.ones(n, dtype), np.ones(n, dtype)
-        self.scratch = np.zeros(0, dtype)
+        self.inp = self.out = self.scratch = np.zeros(0, dtype)
 
-    def reserve(self, plans):
-        """Scratch for the largest of ``plans``, touched, as a repeated call finds it."""
+    def reserve(self, plans, m):
+        """Room for calls of ``m`` elements of ``plans``, touched, as a repeated call finds
+        it."""
+        if m > self.inp.size:
+            self.inp, self.out = np.ones(m, self.inp.dtype), np.ones(m, self.inp.dtype)
         need = max((plan.program.counts[2] for plan in plans), default=0)
         if need > self.scratch.size:
             self.scratch = np.empty(need, self.scratch.dtype)
@@ -348,21 +371,21 @@ class _Arena:
 
     def bind(self, plan, m):
         """``plan`` bound to the arena's first ``m`` elements (freed by the caller)."""
-        self.reserve([plan])
+        self.reserve([plan], m)
         return self.session.own_binding(plan, self.inp[:m], self.out[:m],
                                         self.scratch[:plan.program.counts[2]])
 
 
 def _probe(arena, plans, m, sync) -> np.ndarray:
-    """Each plan's time on ``m`` elements of ``arena``, the faster of its first call and
-    one more (this rank's)."""
-    arena.reserve(plans)
+    """Each plan's time on ``m`` elements of ``arena``, the fastest of
+    :data:`TRIAL_PROBE_CALLS` (this rank's)."""
+    arena.reserve(plans, m)
     times = np.full(len(plans), np.inf)
     for i, plan in enumerate(plans):
         binding = arena.bind(plan, m)
         try:
             sync()
-            for _ in range(2):
+            for _ in range(TRIAL_PROBE_CALLS):
                 start = time.perf_counter()
                 binding.run()
                 times[i] = min(times[i], time.perf_counter() - start)

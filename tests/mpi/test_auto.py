@@ -147,13 +147,13 @@ def test_shared_memory_gives_the_same_bits_by_reads_and_through_its_window(fresh
 @pytest.mark.parametrize("count", [2, 16384, 1 << 20])
 def test_a_trial_keeps_to_its_budget(fresh, monkeypatch, count):
     """A new size's first call times at most TRIAL_STEADY calls of its fastest candidate
-    plus TRIAL_FLOOR seconds, set-up included, by counting its calls: from 1 MiB the
-    candidates are called twice each on a sixteenth of the size and those left on a
-    quarter, which leave at most TRIAL_FINALISTS; the candidates left are called once at
-    the full size (below 1 MiB, TRIAL_WARM more times each); then timed rounds only while
-    the budget holds a call of every candidate left, so a round oversteps it by at most
-    one call each. Every count and time in the account is the slowest rank's, so the
-    account and the pick are the same on every rank."""
+    plus TRIAL_FLOOR seconds, by counting its calls: from 1 MiB, TRIAL_PROBE_CALLS calls
+    of each candidate on a sixteenth of the size, which leaves at most TRIAL_FINALISTS and
+    the model's favourite; each candidate left is called once at the full size, then
+    TRIAL_WARM times (TRIAL_WARM_LARGE after a probe); then timed rounds only while the
+    budget holds a call of every candidate left, so a round oversteps it by at most one
+    call each. Every count and time in the account is the slowest rank's, so the account
+    and the pick are the same on every rank."""
     monkeypatch.delenv("MLCOMM_AUTO", raising=False)
     monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
     comm, s = fresh
@@ -164,19 +164,21 @@ def test_a_trial_keeps_to_its_budget(fresh, monkeypatch, count):
     record = s.trials[auto._band_key(count, x.dtype, "sum")]
     agree(COMM.allgather(record) == [record] * P, "the trial's account differs across ranks")
     big = count * 4 >= auto.TRIAL_PROBE_BYTES
-    agree(record["probes"] == ([count // 16, count // 4] if big else []), str(record))
-    probed = record["probed"]
-    agree(len(probed) == len(record["probes"]), str(record))
-    if big:  # each probe keeps some of the one before; the last at most the finalists
-        agree(set(probed[1]) <= set(probed[0]) and set(record["first"]) <= set(probed[1])
-              and len(record["first"]) <= auto.TRIAL_FINALISTS, str(record))
-    # the calls counted at their times (the median of the rounds, the first or warm call
+    agree(record["probes"] == ([count // 16] if big else []), str(record))
+    agree(len(record["probed"]) == len(record["probes"]), str(record))
+    if big:  # the probe keeps the finalists, and the model's favourite
+        agree(set(record["first"]) <= set(record["probed"][0])
+              and len(record["first"]) <= auto.TRIAL_FINALISTS + 1, str(record))
+    if not record["first"]:  # one candidate was left after the probe: it decided
+        agree(big and record["pick"] in record["probed"][0], str(record))
+        return
+    # the calls counted at their times (the median of the rounds, the fastest warm call
     # before them): a rank descheduled in one round (ranks may outnumber cores) adds to
     # what the trial spent, not to what it chose to run
-    warm = record["warm"] if not big else record["first"]
-    probes = sum(2 * t for times in probed for t in times.values())
-    setup = probes + sum(record["first"].values()) + \
-        (auto.TRIAL_WARM * sum(warm.values()) if not big else 0)
+    warm = auto.TRIAL_WARM_LARGE if big else auto.TRIAL_WARM
+    setup = sum(auto.TRIAL_PROBE_CALLS * t for times in record["probed"]
+                for t in times.values()) + \
+        sum(record["first"].values()) + warm * sum(record["warm"].values())
     timed = sum(record["calls"][k] * t for k, t in record["median"].items())
     one_each = sum(record["median"].values())
     # a round's calls are sized on the estimates before it, and a median may sit above
