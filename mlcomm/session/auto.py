@@ -31,12 +31,15 @@ TRIAL_BYTES = 16 << 20
 #: candidate, plus TRIAL_FLOOR seconds
 TRIAL_STEADY = 10
 TRIAL_FLOOR = 20e-3
-#: rounds of timed blocks at most, and the shortest block worth timing (seconds)
+#: rounds of timed blocks at most, and the shortest block worth timing (seconds); below
+#: TRIAL_PROBE_BYTES at least TRIAL_MIN_ROUNDS run, budget or not (a round there costs
+#: about a millisecond, and single calls of ranks that share cores are noisy)
 TRIAL_ROUNDS = 5
+TRIAL_MIN_ROUNDS = 2
 TRIAL_BLOCK_SECONDS = 200e-6
-#: a candidate whose first call (its warm calls, below TRIAL_PROBE_BYTES) is this much
-#: slower than the fastest is not timed further; one whose median is this much slower than the best median leaves after
-#: its round
+#: a candidate whose warm calls are this much slower than the fastest is not timed further
+#: unless it is among the TRIAL_FINALISTS fastest; one whose median is this much slower
+#: than the best median leaves after its round
 TRIAL_PRUNE = 1.5
 TRIAL_DROP = 1.25
 #: from this many bytes on, the candidates are first timed on a sixteenth of the size, each
@@ -244,14 +247,16 @@ def _trial(session, trial, count, dtype, op) -> tuple:
     The trial, set-up included, aims at a budget: :data:`TRIAL_STEADY` calls of its fastest
     candidate plus :data:`TRIAL_FLOOR` seconds. From :data:`TRIAL_PROBE_BYTES` on, the
     candidates are first timed on a sixteenth of the size (:func:`_probe`), which leaves
-    at most :data:`TRIAL_FINALISTS`. Each candidate left is called once at the full size
-    to set up, then :data:`TRIAL_WARM` times (:data:`TRIAL_WARM_LARGE` after a probe), the
-    fastest standing for it; those within :data:`TRIAL_PRUNE` of the fastest are then
-    timed in rounds of interleaved blocks (a block lasts at least
+    at most :data:`TRIAL_FINALISTS` and the model's favourite. Each candidate left is
+    called once at the full size to set up, then :data:`TRIAL_WARM` times
+    (:data:`TRIAL_WARM_LARGE` after a probe), the fastest standing for it; the
+    :data:`TRIAL_FINALISTS` fastest and those within :data:`TRIAL_PRUNE` of the fastest are
+    then timed in rounds of interleaved blocks (a block lasts at least
     :data:`TRIAL_BLOCK_SECONDS`), each round dropping those whose median is
     :data:`TRIAL_DROP` slower than the best, until one is left, the rounds are done or the
-    budget would not hold another call of each; the medians decide (:func:`trial_pick`),
-    or the warm calls where no round ran. An entry whose schedule is an earlier one's on
+    budget would not hold another call of each (below TRIAL_PROBE_BYTES, after
+    :data:`TRIAL_MIN_ROUNDS` rounds at least); the medians decide (:func:`trial_pick`), or
+    the warm calls where no round ran. An entry whose schedule is an earlier one's on
     every rank is not timed. What it timed is kept in ``session.trials`` by band.
     """
     session.wait_started()
@@ -279,13 +284,13 @@ def _trial(session, trial, count, dtype, op) -> tuple:
     arena.reserve([plans[entry] for entry in trial], n)
     bindings = {}
     try:
-        # each candidate's first call (set-up), then its warm calls, the fastest of which
-        # judges
+        # each candidate's first call (set-up, which lines the ranks up), then its warm
+        # calls, the fastest of which judges
         warm = TRIAL_WARM_LARGE if probes else TRIAL_WARM
         first, basis = np.full(len(trial), np.inf), np.full(len(trial), np.inf)
+        sync()
         for i, entry in enumerate(trial):
             bindings[i] = arena.bind(plans[entry], n)
-            sync()
             for j in range(1 + warm):
                 start = time.perf_counter()
                 bindings[i].run()
@@ -297,16 +302,18 @@ def _trial(session, trial, count, dtype, op) -> tuple:
         both, elapsed = _slowest(session, np.concatenate([first, basis]), began)
         first, basis = both[:len(trial)], both[len(trial):]
         budget = TRIAL_STEADY * basis.min() + TRIAL_FLOOR
-        alive = [i for i in range(len(trial)) if basis[i] <= TRIAL_PRUNE * basis.min()]
+        ranked = np.argsort(basis, kind="stable")
+        alive = sorted(i for k, i in enumerate(ranked)
+                       if k < TRIAL_FINALISTS or basis[i] <= TRIAL_PRUNE * basis.min())
         samples = {i: [] for i in alive}
         estimate = basis.copy()
         calls = np.zeros(len(trial), np.int64)
         for r in range(TRIAL_ROUNDS):
             one_each, left = sum(estimate[i] for i in alive), budget - elapsed
-            if len(alive) == 1 or left < one_each:
+            if len(alive) == 1 or left < one_each and (probes or r >= TRIAL_MIN_ROUNDS):
                 break
             block = max(TRIAL_BLOCK_SECONDS, left / (TRIAL_ROUNDS - r) / len(alive))
-            block = min(block, left / len(alive))
+            block = max(TRIAL_BLOCK_SECONDS, min(block, left / len(alive)))
             times = np.zeros(len(trial))
             counts = {i: max(1, int(block // estimate[i])) for i in alive}
             for i in round_order(alive, r):  # interleaved: drift hits them all
