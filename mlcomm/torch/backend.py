@@ -189,6 +189,8 @@ class ProcessGroupMlcomm(dist.ProcessGroup):
         self._allreduce = {"algorithm": options.algorithm, **options.options}
         self._check_comm = comm.Dup()
         self._mine, self._rows = np.zeros(_ROW, np.uint8), np.zeros((self._size, _ROW), np.uint8)
+        # the checksums' words: this rank's, and every rank's as one byte string to compare
+        self._mine_code, self._codes = self._mine[:8].view(np.int64), {}
         self._gather = Persistent("allgather", self._mine, self._rows.reshape(-1), "sum",
                                   self._check_comm, None, 0, None, {})
         self._p2p = comm.Dup()
@@ -444,12 +446,18 @@ class ProcessGroupMlcomm(dist.ProcessGroup):
         every rank alike; else return every rank's row (checksum, then ``data``'s bytes), from
         one allgather of ``_ROW`` bytes a rank (None for a group of one)."""
         if self._size > 1:
-            code = zlib.crc32((described if problem is None else str(problem)).encode())
-            self._mine[:8].view(np.int64)[0] = code
+            known = self._codes.get(described) if problem is None else None
+            if known is None:
+                code = zlib.crc32((described if problem is None else str(problem)).encode())
+                known = code, np.full(self._size, code, np.int64).tobytes()  # every rank's
+                if problem is None and len(self._codes) < _KEEP:
+                    self._codes[described] = known
+            code, expected = known
+            self._mine_code[0] = code
             if data is not None:
                 self._mine[8:8 + data.nbytes] = data.view(np.uint8)
             self._gather()
-            if (self._rows[:, :8].view(np.int64) != code).any():  # every rank learns how
+            if self._rows[:, :8].tobytes() != expected:  # every rank learns how
                 everyone = self._check_comm.allgather(
                     (described, None if problem is None else f"{type(problem).__name__}: "
                                                              f"{problem}"))
@@ -554,11 +562,11 @@ def _reduce_rows(rows, op, out):
         acc = rows[0].copy()
         for row in rows[1:]:
             reduce_into(acc, np.ascontiguousarray(row), op)
+        out[...] = acc
     else:
-        acc = OP_TABLE[op].ufunc.reduce(rows, axis=0)
+        OP_TABLE[op].ufunc.reduce(rows, axis=0, out=out)
         if op == "avg":
-            finalize(acc, op, len(rows))
-    out[...] = acc
+            finalize(out, op, len(rows))
 
 
 def _shapes(what, size, lists, gathered):
