@@ -213,12 +213,15 @@ class BoundCall:
     algorithm options; and what can change in place: each array's dtype and size.
     ``repeat(collective, sendbuf, recvbuf, op, comm, algorithm, root, options)`` runs such a
     call and returns what the public call returns, or :data:`MISS` for any other call.
+    ``fresh``: the bound call's own output array, where the caller gave none; a repeat
+    returns a copy of it.
     """
 
     __slots__ = ("algorithm", "binding", "options", "recv_ref", "repeat", "send_ref", "session",
                  "__weakref__")
 
-    def __init__(self, session, args, run, binding, finish, result, options=None):
+    def __init__(self, session, args, run, binding, finish, result, options=None,
+                 fresh=None):
         collective, sendbuf, recvbuf, op, comm, self.algorithm, root = args
         self.options = dict(options or {})
         self.session, self.binding = session, binding
@@ -227,7 +230,7 @@ class BoundCall:
         answer = self.recv_ref if result is recvbuf and result is not None else \
             self.send_ref if result is sendbuf and result is not None else _none
         self.repeat = _repeat(self, collective, op, comm, root, sendbuf, recvbuf, run, finish,
-                              answer)
+                              answer, fresh)
 
 
 def runner(session, run, binding, finish, result=None):
@@ -250,10 +253,11 @@ def runner(session, run, binding, finish, result=None):
     return call
 
 
-def _repeat(bound, collective, op, comm, root, sendbuf, recvbuf, run, finish, answer):
+def _repeat(bound, collective, op, comm, root, sendbuf, recvbuf, run, finish, answer,
+            fresh=None):
     """The bound call's ``repeat``: one closure, since it is the whole cost of a repeated
     call. It runs :func:`runner` and returns the argument that the call returns (the checks
-    made it the remembered buffer).
+    made it the remembered buffer), or a copy of ``fresh``, the bound call's own output.
 
     What can change in place is checked too: the dtype (a new size needs a resize, which
     NumPy refuses on a weakly referenced array); a tensor's storage (``set_``, ``resize_``).
@@ -279,6 +283,8 @@ def _repeat(bound, collective, op, comm, root, sendbuf, recvbuf, run, finish, an
                     and (recvbuf.data_ptr(), recvbuf.numel()) != recv_memory)):
             return MISS
         call()
+        if fresh is not None:
+            return fresh.copy()
         return recvbuf if gives == 2 else sendbuf if gives == 1 else None
     return repeat
 

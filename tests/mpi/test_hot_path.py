@@ -134,6 +134,35 @@ def test_recvbuf_none_returns_a_new_array_every_call():
     agree(np.array_equal(first, x * P) and np.array_equal(second, x * P))
 
 
+@pytest.mark.parametrize("name", ["ring", "shared_memory", "mpi", None])
+def test_a_small_allreduce_into_a_new_array_repeats_bound(name):
+    """From its second call, a small all-reduce with no output array runs bound to an output
+    of its own: no planning or binding, a new array each call with this call's data, the
+    earlier results untouched, and the bits of the call with an output array."""
+    x = (np.arange(2 * 3, dtype=np.float32) * (RANK + 1) / 7).reshape(2, 3)
+    s = session.get(COMM)
+    mlcomm.allreduce(x, algorithm=name)
+    bound = session.BOUND_CALLS.get(session.call_key(x, None, name))
+    agree(bound is not None, f"{name}: no bound call kept")
+    misses, results = s.plan_misses, []
+    for trial in range(3):
+        x += trial
+        results.append(mlcomm.allreduce(x, algorithm=name))
+        out = np.empty_like(x)
+        mlcomm.allreduce(x, out, algorithm=name)
+        agree(results[-1].shape == x.shape and results[-1].tobytes() == out.tobytes(),
+              f"{name} trial {trial}: {results[-1]} against {out}")
+        agree(session.BOUND_CALLS.get(session.call_key(x, None, name)) is bound,
+              f"{name} trial {trial}: planned again")
+    agree(s.plan_misses == misses, f"{name}: {s.plan_misses - misses} plans built on repeats")
+    agree(len({id(r) for r in results}) == 3 and not any(
+        np.shares_memory(a, b) for a in results for b in results if a is not b))
+    agree(not np.array_equal(results[0], results[2]), "an earlier result changed with a repeat")
+    big = np.ones(mlcomm.api.FRESH_BYTES // 4 + 1, np.float32)
+    mlcomm.allreduce(big, algorithm=name)  # above FRESH_BYTES: nothing kept for it
+    agree(session.BOUND_CALLS.get(session.call_key(big, None, name)) is None, "kept a large one")
+
+
 def test_a_buffer_reshaped_or_replaced_is_planned_again():
     x = np.arange(12, dtype=np.int64) + RANK
     y = np.empty(12, np.int64)
