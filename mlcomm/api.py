@@ -5,6 +5,7 @@ Every argument error is raised here, before any message is sent.
 
 from __future__ import annotations
 
+import weakref
 from functools import lru_cache, partial
 
 import numpy as np
@@ -181,14 +182,18 @@ def _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
         session.remember_call(call_key(sendbuf, recvbuf, algorithm),
                               BoundCall(session, args, run, binding, finish, result, options))
     elif remember and _fresh(collective, sendbuf, recvbuf, result):
-        # a small all-reduce into a new array: its repeats run bound to an output of their
-        # own, and return a copy of it (planning and binding anew cost 10-20 us a call)
-        own = np.empty_like(result)
-        session, _, run, binding, finish = _bind_host(collective, sendbuf, own, *args[3:],
-                                                      validate, options)
-        session.remember_call(call_key(sendbuf, recvbuf, algorithm),
-                              BoundCall(session, args, run, binding, finish, None, options,
-                                        fresh=own))
+        # a small all-reduce into a new array: on an input seen the call before, its
+        # repeats run bound to an output of their own and return a copy of it (planning and
+        # binding anew cost 10-20 us a call); a new input each call binds nothing more
+        if session.fresh_input() is not sendbuf:
+            session.fresh_input = weakref.ref(sendbuf)
+        else:
+            own = np.empty_like(result)
+            session, _, run, binding, finish = _bind_host(collective, sendbuf, own,
+                                                          *args[3:], validate, options)
+            session.remember_call(call_key(sendbuf, recvbuf, algorithm),
+                                  BoundCall(session, args, run, binding, finish, None,
+                                            options, fresh=own))
     return result, out
 
 

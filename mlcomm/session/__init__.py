@@ -338,6 +338,9 @@ class Session:
         self.trials: dict = {}  # what auto's trials timed, by size band
         self.handles = weakref.WeakSet()
         self.call_keys: set = set()  # keys of this session's BOUND_CALLS
+        #: a weak reference to the input of the last small all-reduce into a new array
+        #: that no bound call ran (see mlcomm.api)
+        self.fresh_input = _none
         self.progress = None  # the progress thread, once a non-blocking call starts one
         #: bytes this session's transports moved between ranks, per path of ``PATHS``
         self.moved = np.zeros(len(PATHS), np.int64)
