@@ -3,6 +3,10 @@
 import csv
 import io
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +15,7 @@ from mlcomm.benchmark.harness import EXTRA_KEYS, RECORD_KEYS, band_summary, defa
 from mlcomm.benchmark.report import format_csv, format_json, format_kernels, format_table
 from mlcomm.units import parse_size
 
-from conftest import mpirun
+from conftest import ROOT, mpirun
 
 BENCH = ["-m", "mlcomm", "bench", "--no-progress"]
 #: runs a command with a fault injected (tests/faults/inject.py)
@@ -411,7 +415,6 @@ def test_rss_peak_resets():
 
 def test_memory_job_tells_scratch_apart():
     """ring at P = 2 declares and writes one block (half a vector); the 1 MiB-chunk tree almost none."""
-    from conftest import ROOT
     out = {}
     for alg in ("ring", "double_binary_tree"):
         proc = mpirun(2, [ROOT / "bench" / "memory.py", "--worker", "--algorithm", alg,
@@ -426,7 +429,6 @@ def test_memory_job_tells_scratch_apart():
 
 def test_profile_parts_splits_each_plan_into_transfers_and_reductions(tmp_path):
     """P = 3: every part is timed beside MPI_Allreduce, after the whole call checked exact sums."""
-    from conftest import ROOT
     out = tmp_path / "profile.json"
     mpirun(3, [ROOT / "bench" / "profile_parts.py", "--size", "256K", "--rounds", "1",
                "--per-round", "1", "--algorithms", "ring,recursive_halving_doubling",
@@ -441,7 +443,6 @@ def test_profile_parts_splits_each_plan_into_transfers_and_reductions(tmp_path):
 
 def test_profile_parts_parts_keep_only_messages_or_only_ops():
     import importlib.util
-    from conftest import ROOT
     from mlcomm.algorithms import ALGORITHMS
     spec = importlib.util.spec_from_file_location("profile_parts", ROOT / "bench" / "profile_parts.py")
     mod = importlib.util.module_from_spec(spec)
@@ -455,7 +456,26 @@ def test_profile_parts_parts_keep_only_messages_or_only_ops():
 
 
 def test_profile_parts_names_a_bad_algorithm():
-    from conftest import ROOT
     proc = mpirun(2, [ROOT / "bench" / "profile_parts.py", "--size", "64K",
                       "--algorithms", "mpi"], timeout=120, check=False)
     assert proc.returncode != 0 and "--algorithms: 'mpi' is not a hand-written" in proc.stderr
+
+
+def test_floor_times_a_round_trip_and_copies():
+    cores = sorted(os.sched_getaffinity(0))
+    pair = f"{cores[0]},{cores[-1]}"  # one core twice on a one-core machine: still a round trip
+    proc = subprocess.run([sys.executable, ROOT / "bench" / "floor.py", "--cores", pair,
+                           "-s", "8,64K", "--rounds", "2000", "--repeats", "2"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    times = re.findall(r"^(cache-line round trip, cores \d+ and \d+|memcpy of (?:8|64K) bytes):"
+                       r" (\d+\.\d+) us$", proc.stdout, re.M)
+    assert [t[0] for t in times] == [f"cache-line round trip, cores {pair.replace(',', ' and ')}",
+                                     "memcpy of 8 bytes", "memcpy of 64K bytes"], proc.stdout
+    assert all(float(t[1]) > 0 for t in times), proc.stdout
+
+
+def test_floor_names_a_core_it_cannot_use():
+    proc = subprocess.run([sys.executable, ROOT / "bench" / "floor.py", "--cores", "0,4096"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--cores 0,4096: this process may run on cores" in proc.stderr
