@@ -238,7 +238,8 @@ def _bind_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate
                                       device=isinstance(out, DeviceVector))
     if name == MPI_NATIVE and isinstance(out, DeviceVector):
         run, binding = partial(native_call, collective, session.comm, inp, out, opname, root,
-                               overlap=_overlap, copy=_copy, buffer=_native_buffer), None
+                               overlap=_overlap, copy=_copy, buffer=_native_buffer,
+                               empty=lambda v: v.empty(v.size)), None
     else:
         if root:
             options = dict(options, root=root)

@@ -198,6 +198,31 @@ class _DLPack:
         return (self.device_type, 0)
 
 
+def test_an_in_place_reduce_scatter_reaches_the_library_from_a_copy():
+    # Intel MPI 2021.18 with I_MPI_OFFLOAD=1 leaves wrong blocks on ranks >= 1 when an
+    # in-place reduce-scatter of device buffers reaches it as MPI_IN_PLACE (H200, 2026-11-27)
+    from mpi4py import MPI
+    from mlcomm.transport.native import native_call
+    calls = []
+
+    class Comm:
+        Get_size, Get_rank = (lambda self: 2), (lambda self: 1)
+
+        def Reduce_scatter_block(self, send, recv, op):
+            calls.append((send, recv))
+            recv[...] = send[:3] + send[3:]  # what the sum over one rank's two blocks gives
+
+    def copy(dst, src):
+        dst[...] = src
+
+    buf = np.arange(6.0)
+    native_call("reduce_scatter", Comm(), buf, buf, "sum", overlap=np.may_share_memory,
+                copy=copy, buffer=lambda x: x, empty=np.empty_like)
+    (send, recv), = calls
+    assert send is not MPI.IN_PLACE and not np.may_share_memory(send, buf)
+    assert recv.base is buf and recv.size == 3 and buf.tolist() == [3.0, 5.0, 7.0, 3.0, 4.0, 5.0]
+
+
 def test_is_device_array_host_objects(gpu):
     from mpi4py import MPI
     for obj in (np.zeros(3), b"abc", bytearray(3), None, MPI.IN_PLACE, [1, 2], _DLPack(1)):

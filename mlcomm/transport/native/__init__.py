@@ -126,22 +126,29 @@ def native_dtype_ok(dtype) -> bool:
     return datatype(dtype) is not None
 
 
-def native_call(collective, comm, inp, out, op, root=0, *, overlap, copy, buffer):
+def native_call(collective, comm, inp, out, op, root=0, *, overlap, copy, buffer, empty):
     """Run the MPI library's own collective on ``inp`` and ``out`` from Python (device
     buffers on a CUDA-aware MPI).
 
     Overlapping buffers (``overlap(inp, out)``) mean in place, in MPI's sense for each
-    collective; ``copy(dst, src)`` copies, ``buffer(x)`` gives what mpi4py takes.
+    collective; ``copy(dst, src)`` copies, ``buffer(x)`` gives what mpi4py takes and
+    ``empty(x)`` a new buffer like ``x``. An in-place reduce-scatter reduces from a copy of
+    its blocks into the first: with ``MPI_IN_PLACE`` on device buffers, Intel MPI 2021.18
+    (``I_MPI_OFFLOAD=1``) leaves wrong results on every rank but 0 (docs/gpu.rst).
     """
     in_place = overlap(inp, out)
     if collective == "bcast" and comm.Get_rank() == root and not in_place:
         copy(out, inp)
+    if collective == "reduce_scatter" and in_place:
+        blocks = empty(inp)
+        copy(blocks, inp)
+        inp, out, in_place = blocks, inp[0:inp.size // comm.Get_size()], False
     inp, out = buffer(inp), buffer(out)
     send = MPI.IN_PLACE if in_place else inp
     if collective == "allreduce":
         comm.Allreduce(send, out, _mpi_op(op))
-    elif collective == "reduce_scatter":  # in place: the p blocks are in inp, the result first
-        comm.Reduce_scatter_block(send, inp if in_place else out, _mpi_op(op))
+    elif collective == "reduce_scatter":
+        comm.Reduce_scatter_block(send, out, _mpi_op(op))
     elif collective == "allgather":
         comm.Allgather(send, out)
     elif collective == "bcast":
