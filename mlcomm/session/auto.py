@@ -247,8 +247,8 @@ def _trial(session, trial, count, dtype, op) -> tuple:
     The trial, set-up included, aims at a budget: :data:`TRIAL_STEADY` calls of its fastest
     candidate plus :data:`TRIAL_FLOOR` seconds. From :data:`TRIAL_PROBE_BYTES` on, the
     candidates are first timed on a sixteenth of the size (:func:`_probe`), which leaves
-    at most :data:`TRIAL_FINALISTS`, the model's favourite and the library's own call (its
-    fastest entry). Each candidate left is
+    at most :data:`TRIAL_FINALISTS`, the library's own call (its fastest entry) among them,
+    and the model's favourite. Each candidate left is
     called once at the full size to set up, then :data:`TRIAL_WARM` times
     (:data:`TRIAL_WARM_LARGE` after a probe), the fastest standing for it; the
     :data:`TRIAL_FINALISTS` fastest and those within :data:`TRIAL_PRUNE` of the fastest are
@@ -275,10 +275,14 @@ def _trial(session, trial, count, dtype, op) -> tuple:
         record["probed"].append(dict(zip(map(_label_of, trial), times.tolist())))
         ranked = [i for i in np.argsort(times, kind="stable")
                   if times[i] <= TRIAL_PROBE_PRUNE * times.min()][:TRIAL_FINALISTS]
+        close = lambda i: times[i] <= TRIAL_FAVOURITE_PRUNE * times.min()
         library = [i for i in np.argsort(times, kind="stable") if trial[i][0] == "mpi"][:1]
-        for i in [0, *library]:  # the model's favourite, and the library's own call
-            if i not in ranked and times[i] <= TRIAL_FAVOURITE_PRUNE * times.min():
-                ranked.append(i)
+        if library and library[0] not in ranked and close(library[0]):
+            # the library's own call takes the last finalist's place: a library changes
+            # its algorithm with the size, which a probe on a sixteenth does not see
+            ranked = ranked[:TRIAL_FINALISTS - 1] + library
+        if 0 not in ranked and close(0):
+            ranked.append(0)  # the model's favourite
         if len(ranked) == 1:
             return _decided(session, count, dtype, op, record, trial[ranked[0]], elapsed,
                             TRIAL_STEADY * n / m * times.min() + TRIAL_FLOOR)
