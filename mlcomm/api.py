@@ -103,19 +103,25 @@ _VALIDATE = config.validate()
 
 def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
     """Run one collective call; return what the public function returns."""
-    if validate is None and not _VALIDATE:
-        bound = BOUND_CALLS.get(call_key(sendbuf, recvbuf, algorithm))
-        if bound is not None:
-            result = bound.repeat(collective, sendbuf, recvbuf, op, comm, algorithm, root,
-                                  options)
-            if result is not MISS:
-                return result
+    result = _repeat(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options)
+    if result is not MISS:
+        return result
     if (type(sendbuf) is not np.ndarray and gpu.is_device_array(sendbuf)) or (
             type(recvbuf) is not np.ndarray and gpu.is_device_array(recvbuf)):
         return _run_device(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
                            options)
     return _run_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate,
                      options)[0]
+
+
+def _repeat(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
+    """What a repeat of a call seen before returns, run by its bound call; else MISS."""
+    if validate is None and not _VALIDATE:
+        bound = BOUND_CALLS.get(call_key(sendbuf, recvbuf, algorithm))
+        if bound is not None:
+            return bound.repeat(collective, sendbuf, recvbuf, op, comm, algorithm, root,
+                                options)
+    return MISS
 
 
 def _result(collective, out, sendbuf, recvbuf, rank, root):
@@ -151,8 +157,10 @@ def _run_device(collective, sendbuf, recvbuf, op, comm, algorithm, root, validat
         out = _run_host(collective, send, recv, op, comm, algorithm, root, validate,
                         options)[1]
         return result(out) if has_result else None
-    run_host = lambda host_send, host_recv: _run_host(collective, host_send, host_recv, op, comm,
-                                                      algorithm, root, validate, options)[0]
+    def run_host(host_send, host_recv):  # staging reuses its host buffers: repeats run bound
+        args = (collective, host_send, host_recv, op, comm, algorithm, root, validate, options)
+        result = _repeat(*args)
+        return _run_host(*args)[0] if result is MISS else result
     return staging.run(collective, bufs, run_host, has_result=has_result,
                        whole=_validating(validate))
 

@@ -113,11 +113,15 @@ def _elementwise(collective, bufs, run_host, has_result, whole):
     typed_in, typed_out = _typed(host_in, bufs.dtype), _typed(host_out, bufs.dtype)
     to_host, to_device = copy_streams(kind, src)
 
+    def part(host, a, b):  # the host buffer itself for the whole: a repeat then runs bound
+        return host if a == 0 and b == count else host[a:b]
+
     def run_chunk(a, b):
         if bufs.in_place:
-            run_host(MPI.IN_PLACE, typed_in[a:b])
+            run_host(MPI.IN_PLACE, part(typed_in, a, b))
         else:
-            run_host(typed_in[a:b], None if bcast or typed_out is None else typed_out[a:b])
+            run_host(part(typed_in, a, b),
+                     None if bcast or typed_out is None else part(typed_out, a, b))
 
     def copy_out(a, b):
         return None if dst is None else to_device_async(kind, dst[a:b], host_out[a:b], to_device)
