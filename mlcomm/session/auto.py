@@ -248,16 +248,16 @@ def _trial(session, trial, count, dtype, op) -> tuple:
     candidate plus :data:`TRIAL_FLOOR` seconds. From :data:`TRIAL_PROBE_BYTES` on, the
     candidates are first timed on a sixteenth of the size (:func:`_probe`), which leaves
     at most :data:`TRIAL_FINALISTS`, the library's own call (its fastest entry) among them,
-    and the model's favourite. Each candidate left is
-    called once at the full size to set up, then :data:`TRIAL_WARM` times
-    (:data:`TRIAL_WARM_LARGE` after a probe), the fastest standing for it; the
+    and the model's favourite. Each candidate left is called once at the full size to set
+    up, then :data:`TRIAL_WARM` times (:data:`TRIAL_WARM_LARGE` after a probe), the fastest
+    of those calls standing for it, the first included (setting up only adds to it); the
     :data:`TRIAL_FINALISTS` fastest and those within :data:`TRIAL_PRUNE` of the fastest are
     then timed in rounds of interleaved blocks (a block lasts at least
     :data:`TRIAL_BLOCK_SECONDS`), each round dropping those whose median is
     :data:`TRIAL_DROP` slower than the best, until one is left, the rounds are done or the
     budget would not hold another call of each (below TRIAL_PROBE_BYTES, after
     :data:`TRIAL_MIN_ROUNDS` rounds at least); the medians decide (:func:`trial_pick`), or
-    the warm calls where no round ran. An entry whose schedule is an earlier one's on
+    the fastest calls where no round ran. An entry whose schedule is an earlier one's on
     every rank is not timed. What it timed is kept in ``session.trials`` by band.
     """
     session.wait_started()
@@ -307,7 +307,9 @@ def _trial(session, trial, count, dtype, op) -> tuple:
                 else:
                     first[i] = took
         both, elapsed = _slowest(session, np.concatenate([first, basis]), began)
-        first, basis = both[:len(trial)], both[len(trial):]
+        first, warmed = both[:len(trial)], both[len(trial):]
+        # setting up only adds to a first call: where it was the faster, it stands
+        basis = np.minimum(first, warmed)
         budget = TRIAL_STEADY * basis.min() + TRIAL_FLOOR
         ranked = np.argsort(basis, kind="stable")
         alive = sorted(i for k, i in enumerate(ranked)
@@ -342,7 +344,7 @@ def _trial(session, trial, count, dtype, op) -> tuple:
     pick = alive[trial_pick([trial[i][1] for i in alive], [estimate[i] for i in alive])]
     labels = [_label_of(entry) for entry in trial]
     record.update(first=dict(zip(labels, first.tolist())),
-                  warm=dict(zip(labels, basis.tolist())),
+                  warm=dict(zip(labels, warmed.tolist())),
                   calls=dict(zip(labels, calls.tolist())),
                   median={labels[i]: estimate[i] for i in range(len(trial)) if calls[i]})
     if session.rank == 0 and config.debug():
