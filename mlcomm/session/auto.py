@@ -54,6 +54,11 @@ TRIAL_FINALISTS = 3
 #: right after a barrier can misjudge (at P = 4 on 2 cores it timed shared_memory 1.2-1.9x
 #: slower than ring at 1 MiB; at 16 MiB shared_memory is 1.4x faster)
 TRIAL_FAVOURITE_PRUNE = 2.0
+#: the fastest of each way of moving data (:func:`_way`) goes on within this factor: the
+#: library, the window and point-to-point messages each change protocol with the size (at
+#: P = 2 on Intel MPI, point-to-point took 1.0 ms at 2 MiB against shared_memory's 0.22,
+#: and about half of shared_memory's time at 128 KiB)
+TRIAL_WAY_PRUNE = 3.0
 #: each candidate's fastest of this many calls after its first stands for it (a first call
 #: is mostly set-up); from TRIAL_PROBE_BYTES, of TRIAL_WARM_LARGE
 TRIAL_WARM = 3
@@ -247,8 +252,9 @@ def _trial(session, trial, count, dtype, op) -> tuple:
     The trial, set-up included, aims at a budget: :data:`TRIAL_STEADY` calls of its fastest
     candidate plus :data:`TRIAL_FLOOR` seconds. From :data:`TRIAL_PROBE_BYTES` on, the
     candidates are first timed on a sixteenth of the size (:func:`_probe`), which leaves
-    at most :data:`TRIAL_FINALISTS`, the library's own call (its fastest entry) among them,
-    and the model's favourite. Each candidate left is called once at the full size to set
+    at most :data:`TRIAL_FINALISTS` (the fastest of each way of moving data, :func:`_way`,
+    within :data:`TRIAL_WAY_PRUNE` of the fastest, then the fastest of the rest) and the
+    model's favourite. Each candidate left is called once at the full size to set
     up, then :data:`TRIAL_WARM` times (:data:`TRIAL_WARM_LARGE` after a probe), the fastest
     of those calls standing for it, the first included (setting up only adds to it); the
     :data:`TRIAL_FINALISTS` fastest and those within :data:`TRIAL_PRUNE` of the fastest are
@@ -273,15 +279,20 @@ def _trial(session, trial, count, dtype, op) -> tuple:
         times, elapsed = _slowest(session, _probe(arena, [plans[entry] for entry in trial],
                                                   m, sync), began)
         record["probed"].append(dict(zip(map(_label_of, trial), times.tolist())))
-        ranked = [i for i in np.argsort(times, kind="stable")
-                  if times[i] <= TRIAL_PROBE_PRUNE * times.min()][:TRIAL_FINALISTS]
-        close = lambda i: times[i] <= TRIAL_FAVOURITE_PRUNE * times.min()
-        library = [i for i in np.argsort(times, kind="stable") if trial[i][0] == "mpi"][:1]
-        if library and library[0] not in ranked and close(library[0]):
-            # the library's own call takes the last finalist's place: a library changes
-            # its algorithm with the size, which a probe on a sixteenth does not see
-            ranked = ranked[:TRIAL_FINALISTS - 1] + library
-        if 0 not in ranked and close(0):
+        order = [i for i in np.argsort(times, kind="stable")
+                 if times[i] <= TRIAL_WAY_PRUNE * times.min()]
+        # each way of moving data changes its protocol with the size in its own way, which
+        # a probe on a sixteenth does not see: the fastest of each goes on, then the
+        # fastest of the rest
+        ways, leaders = set(), []
+        for i in order:
+            if _way(trial[i][0]) not in ways:
+                ways.add(_way(trial[i][0]))
+                leaders.append(i)
+        rest = [i for i in order
+                if i not in leaders and times[i] <= TRIAL_PROBE_PRUNE * times.min()]
+        ranked = (leaders + rest)[:max(TRIAL_FINALISTS, len(leaders))]
+        if 0 not in ranked and times[0] <= TRIAL_FAVOURITE_PRUNE * times.min():
             ranked.append(0)  # the model's favourite
         if len(ranked) == 1:
             return _decided(session, count, dtype, op, record, trial[ranked[0]], elapsed,
@@ -423,6 +434,14 @@ def _slowest(session, times, began) -> tuple:
 def _band_key(count, dtype, op) -> tuple:
     """The key of an all-reduce's size band in ``session.trials``."""
     return (count * dtype.itemsize).bit_length(), dtype.str, op
+
+
+def _way(name) -> str:
+    """How candidate ``name`` moves data: the library's own collective, the node's shared
+    window, or point-to-point messages."""
+    if name == MPI_NATIVE:
+        return "library"
+    return "window" if ALGORITHMS[name].window else "messages"
 
 
 def _label_of(entry) -> str:
