@@ -286,8 +286,9 @@ def _trial(session, trial, count, dtype, op) -> tuple:
         # fastest of the rest
         ways, leaders = set(), []
         for i in order:
-            if _way(trial[i][0]) not in ways:
-                ways.add(_way(trial[i][0]))
+            way = _way(trial[i][0])
+            if way not in ways:
+                ways.add(way)
                 leaders.append(i)
         rest = [i for i in order
                 if i not in leaders and times[i] <= TRIAL_PROBE_PRUNE * times.min()]
