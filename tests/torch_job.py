@@ -84,6 +84,12 @@ def everyone(dtype, n=N):
     return np.stack([values(dtype, r, n) for r in range(P)])
 
 
+def finish(work):
+    """Wait for ``work``, a collective's async Work (or None, when it ran blocking)."""
+    if work is not None:
+        work.wait()
+
+
 # --- collectives --------------------------------------------------------------------------
 
 def all_reduces(async_op):
@@ -125,8 +131,7 @@ def others(dtype, async_op):
                             async_op=async_op),
     ]
     for w in works:
-        if w is not None:
-            w.wait()
+        finish(w)
     same(b, data[root], "broadcast", dtype)
     if R == 1 % P:
         same(red, REFERENCE[op](data, axis=0), "reduce", dtype, op)
@@ -169,9 +174,7 @@ def coalesced_and_point_to_point(async_op):
         if R == 0:
             x = torch.empty(2, dtype=torch.int64)
             assert dist.recv(x) == 1 and torch.all(x == 7), x  # from any source
-    w = dist.barrier(async_op=async_op)
-    if w is not None:
-        w.wait()
+    finish(dist.barrier(async_op=async_op))
 
 
 def collectives():
@@ -366,15 +369,18 @@ def errors():
     raises(lambda: dist.gather(torch.ones(2), [torch.ones(2)] * P if R == 0 else None),
            NotImplementedError, "no gather", "all_gather", "backend='gloo'")
     # a problem on one rank only: that rank raises it, the others name it
-    bad = torch.ones(4, 4).t() if R == 0 else torch.ones(4, 4)
-    raises(lambda: dist.all_reduce(bad), ValueError if R == 0 else RuntimeError,
-           "non-contiguous")
-    # different shapes: on every rank, both paths (compared here, and on the progress thread)
-    for _ in range(2):
+    for n in (4, 2):  # 64 bytes; 16 bytes, which ride in the comparison once seen
+        dist.all_reduce(torch.ones(n, n))
+        bad = torch.ones(n, n).t() if R == 0 else torch.ones(n, n)
+        raises(lambda: dist.all_reduce(bad), ValueError if R == 0 else RuntimeError,
+               "non-contiguous")
+    # different shapes: on every rank, every path (compared here, and on the progress
+    # thread; blocking, riding in the comparison)
+    for async_op in (True, False, True, False):
         for r in range(P):
             dist.all_reduce(torch.ones(3 + r), async_op=True).wait()  # every shape seen
         shaped = torch.ones(3 + R)
-        raises(lambda: dist.all_reduce(shaped, async_op=True).wait(), ValueError,
+        raises(lambda: finish(dist.all_reduce(shaped, async_op=async_op)), ValueError,
                "differ", "rank 0: all_reduce torch.float32 (3,)",
                f"rank {P - 1}: all_reduce torch.float32 ({3 + P - 1},)")
     t = torch.ones(3)

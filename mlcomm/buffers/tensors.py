@@ -22,13 +22,13 @@ def is_tensor(obj) -> bool:
 def as_array(tensor, name: str) -> np.ndarray:
     """A NumPy view of a CPU tensor's memory (the tensor's gradient tracking left aside)."""
     import torch
-    t = tensor.detach()
-    if t.device.type != "cpu":
+    t = tensor.detach() if tensor.requires_grad else tensor
+    if not t.is_cpu:
         raise TypeError(f"{name} is a {t.device.type} tensor; mlcomm takes CPU tensors here "
                         f"and CUDA tensors through their __cuda_array_interface__")
     if not t.is_contiguous():
         raise ValueError(f"{name} is a non-contiguous tensor; pass {name}.contiguous()")
-    if t.dtype == torch.bfloat16:
+    if t.dtype is torch.bfloat16:
         from ..kernels import BFLOAT16
         return t.view(torch.int16).numpy().view(BFLOAT16)
     return t.numpy()

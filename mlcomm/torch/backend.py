@@ -43,7 +43,7 @@ from mpi4py import MPI
 
 from ..api import IN_PLACE, Persistent, allgather, allreduce, bcast, istart, reduce, \
     reduce_scatter
-from ..kernels import OP_TABLE, check_op, finalize, reduce_into
+from ..kernels import BFLOAT16, OP_TABLE, check_op, finalize, reduce_into
 from ..session import get as session_of
 from ..buffers.tensors import as_array
 
@@ -69,6 +69,21 @@ _UNSUPPORTED = {
     "alltoall_base": "all_gather every rank's tensors and take this rank's parts",
     "monitored_barrier": "barrier compares every call across the ranks already",
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class _Known:
+    """An all-reduce this rank has checked: its mlcomm op and description; where it rides
+    in the comparison, the description's checksum, every rank's checksums as bytes, and the
+    comparison's buffers as the data's dtype (this rank's part, and each rank's row)."""
+
+    op: str
+    described: str
+    code: int | None = None
+    expected: bytes = b""
+    mine: np.ndarray | None = None
+    rows: tuple = ()
+    numpy: bool = True  # torch's numpy() views the tensor as this dtype (not bfloat16's)
 
 
 class Options:
@@ -191,13 +206,14 @@ class ProcessGroupMlcomm(dist.ProcessGroup):
         self._mine, self._rows = np.zeros(_ROW, np.uint8), np.zeros((self._size, _ROW), np.uint8)
         # the checksums' words: this rank's, and every rank's as one byte string to compare
         self._mine_code, self._codes = self._mine[:8].view(np.int64), {}
+        self._code_rows = self._rows[:, :8]
         self._gather = Persistent("allgather", self._mine, self._rows.reshape(-1), "sum",
                                   self._check_comm, None, 0, None, {})
         self._p2p = comm.Dup()
         self._hooks = []
         self._seq = 0
         self._last_finished = 0.0
-        self._known = {}  # (op, dtype, shape) -> (mlcomm op, description): all-reduces seen
+        self._known = {}  # (op, dtype, shape) -> _Known: the all-reduces seen
         self._seen = set()  # descriptions of the calls this rank has run
         self._name = self._desc = ""
 
@@ -229,25 +245,52 @@ class ProcessGroupMlcomm(dist.ProcessGroup):
         opts = opts or dist.AllreduceOptions()
         t, reduce_op = tensors[0], opts.reduceOp
         key = (hash(reduce_op), t.dtype, t.shape)  # a ReduceOp hashes fast, its enum slowly
-        known = self._known.get(key)
+        known, blocking = self._known.get(key), not opts.asyncOp and not self._hooks
         if known is not None and len(tensors) == 1 and t.is_cpu and t.is_contiguous():
-            op, described, problem = *known, None  # checked here before: compared only
+            if known.code is not None and blocking:
+                self._small_allreduce(known, t)
+                return Work(tensors)
+            op, described, problem = known.op, known.described, None  # compared only
         else:
             problem, op, described = self._describe("all_reduce", tensors, reduce_op)
             if problem is None and len(self._known) < _KEEP:
-                self._known[key] = op, described
-        if not opts.asyncOp and not self._hooks and problem is None:  # blocking, here
+                known = self._known[key] = self._known_allreduce(op, described, t)
+                if known.code is not None and blocking:
+                    self._small_allreduce(known, t)
+                    return Work(tensors)
+        if blocking and problem is None:  # here
             self.session.wait_started()
-            data = as_array(t, "tensor").reshape(-1)
-            if self._size > 1 and data.nbytes <= _ROW - 8:  # one collective: the comparison
-                rows = self._compare("all_reduce", described, None, data)
-                _reduce_rows(rows[:, 8:8 + data.nbytes].view(data.dtype), op, data)
-            else:
-                self._compare("all_reduce", described, None)
-                allreduce(IN_PLACE, t, op, comm=self.comm, **self._allreduce)
+            self._compare("all_reduce", described, None)
+            allreduce(IN_PLACE, t, op, comm=self.comm, **self._allreduce)
             return Work(tensors)
         return self._go("allreduce", described, problem, [("allreduce", IN_PLACE, t, op, 0)],
                         tensors, opts.asyncOp, **self._allreduce)
+
+    def _known_allreduce(self, op, described, t):
+        """The :class:`_Known` all-reduce of ``t``: with views of the comparison's buffers
+        where it rides in the comparison (at most ``_ROW - 8`` bytes, in a group of more than
+        one rank)."""
+        nbytes = t.numel() * t.element_size()
+        if self._size == 1 or nbytes > _ROW - 8:
+            return _Known(op, described)
+        dtype = as_array(t, "tensor").dtype
+        code, expected = self._code(described, None)
+        return _Known(op, described, code, expected, self._mine[8:8 + nbytes].view(dtype),
+                      tuple(self._rows[:, 8:8 + nbytes].view(dtype)), dtype != BFLOAT16)
+
+    def _small_allreduce(self, known, t):
+        """A blocking all-reduce that rides in its own comparison: one allgather, then each
+        rank reduces the gathered rows in rank order (the same bits on every rank)."""
+        self.session.wait_started()
+        # the caller checked the device and layout; numpy() is the view for most dtypes
+        data = (t.numpy() if known.numpy and not t.requires_grad
+                else as_array(t, "tensor")).reshape(-1)
+        self._mine_code[0] = known.code
+        known.mine[...] = data
+        self._gather()
+        if self._code_rows.tobytes() != known.expected:
+            self._differ("all_reduce", known.described, None)
+        _reduce_rows(known.rows, known.op, data)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or dist.AllreduceCoalescedOptions()
@@ -441,38 +484,45 @@ class ProcessGroupMlcomm(dist.ProcessGroup):
             (f" {op}" if op else "") + (f" root {root}" if root is not None else "")
         return problem, op, described
 
-    def _compare(self, what, described, problem, data=None):
+    def _compare(self, what, described, problem):
         """Raise ``problem`` on this rank, or the difference between the ranks' calls, on
-        every rank alike; else return every rank's row (checksum, then ``data``'s bytes), from
-        one allgather of ``_ROW`` bytes a rank (None for a group of one)."""
+        every rank alike: one allgather of ``_ROW`` bytes a rank, each rank's checksum of
+        its call (or of its problem)."""
         if self._size > 1:
-            known = self._codes.get(described) if problem is None else None
-            if known is None:
-                code = zlib.crc32((described if problem is None else str(problem)).encode())
-                known = code, np.full(self._size, code, np.int64).tobytes()  # every rank's
-                if problem is None and len(self._codes) < _KEEP:
-                    self._codes[described] = known
-            code, expected = known
+            code, expected = self._code(described, problem)
             self._mine_code[0] = code
-            if data is not None:
-                self._mine[8:8 + data.nbytes] = data.view(np.uint8)
             self._gather()
-            if self._rows[:, :8].tobytes() != expected:  # every rank learns how
-                everyone = self._check_comm.allgather(
-                    (described, None if problem is None else f"{type(problem).__name__}: "
-                                                             f"{problem}"))
-                if problem is None:
-                    failed = {r: e for r, (_, e) in enumerate(everyone) if e is not None}
-                    if failed:
-                        raise RuntimeError(f"{what} failed on ranks " + "; ".join(
-                            f"{r}: {e}" for r, e in sorted(failed.items())))
-                    raise ValueError(f"{what}: the ranks' calls differ (" + "; ".join(
-                        f"rank {r}: {d}" for r, (d, _) in enumerate(everyone)) +
-                        "); call the same collectives in the same order on every rank, with "
-                        "tensors of the same shapes and dtypes and the same op and root")
+            if self._code_rows.tobytes() != expected:
+                self._differ(what, described, problem)
         if problem is not None:
             raise problem
-        return self._rows
+
+    def _code(self, described, problem):
+        """``(checksum, every rank's checksums as bytes)`` of the call ``described``, or of
+        ``problem``, as the ranks that agree gather them."""
+        known = self._codes.get(described) if problem is None else None
+        if known is None:
+            code = zlib.crc32((described if problem is None else str(problem)).encode())
+            known = code, np.full(self._size, code, np.int64).tobytes()  # every rank's
+            if problem is None and len(self._codes) < _KEEP:
+                self._codes[described] = known
+        return known
+
+    def _differ(self, what, described, problem):
+        """Raise how the ranks' calls differ, or which ranks met a problem (this rank's own
+        problem where it met one): the comparison's checksums differed (collective)."""
+        everyone = self._check_comm.allgather(
+            (described, None if problem is None else f"{type(problem).__name__}: {problem}"))
+        if problem is not None:
+            raise problem
+        failed = {r: e for r, (_, e) in enumerate(everyone) if e is not None}
+        if failed:
+            raise RuntimeError(f"{what} failed on ranks " + "; ".join(
+                f"{r}: {e}" for r, e in sorted(failed.items())))
+        raise ValueError(f"{what}: the ranks' calls differ (" + "; ".join(
+            f"rank {r}: {d}" for r, (d, _) in enumerate(everyone)) +
+            "); call the same collectives in the same order on every rank, with "
+            "tensors of the same shapes and dtypes and the same op and root")
 
     def _go(self, op_type, described, problem, calls, outputs, async_op, after=None,
             **options):
@@ -556,17 +606,20 @@ def _op(what, kind, tensors):
 
 
 def _reduce_rows(rows, op, out):
-    """``out[:] =`` the rows of ``rows`` reduced in rank order with mlcomm's ``op``: the same
-    bits on every rank."""
+    """``out[:] =`` the arrays ``rows`` (one per rank) reduced in rank order with mlcomm's
+    ``op``: the same bits on every rank."""
     if op in ("min", "max") and out.dtype.kind == "f":  # IEEE min/max: mlcomm's kernels
         acc = rows[0].copy()
         for row in rows[1:]:
             reduce_into(acc, np.ascontiguousarray(row), op)
         out[...] = acc
-    else:
-        OP_TABLE[op].ufunc.reduce(rows, axis=0, out=out)
-        if op == "avg":
-            finalize(out, op, len(rows))
+        return
+    ufunc = OP_TABLE[op].ufunc
+    ufunc(rows[0], rows[1], out=out)
+    for row in rows[2:]:
+        ufunc(out, row, out=out)
+    if op == "avg":
+        finalize(out, op, len(rows))
 
 
 def _shapes(what, size, lists, gathered):
