@@ -48,6 +48,8 @@ VARIABLES = {v.name: v for v in (
              "the Numba kernels' threads per rank (read by mlcomm.kernels)"),
     Variable("MLCOMM_POLLS_BEFORE_YIELD", "1024, 2 if oversubscribed",
              "polls of a wait between yields of the CPU (a power of two)"),
+    Variable("MLCOMM_SLEEP_AFTER_US", "100 at 3 or more ranks a core, else 0 (never)",
+             "microseconds a wait lasts before it sleeps between polls instead of yielding"),
     Variable("MLCOMM_PROFILE", "~/.cache/mlcomm/profile.json",
              "the profile file: the cost model's constants and tuned choices"),
     Variable("MLCOMM_RANKS_PER_NODE", "a machine's ranks",
@@ -130,24 +132,35 @@ def executor() -> str:
     return value
 
 
-def stall_seconds(default: float = 60.0) -> float:
-    """``MLCOMM_STALL_SECONDS``, else ``default``."""
-    raw = os.environ.get("MLCOMM_STALL_SECONDS")
-    if raw is None or not raw.strip():
+def _non_negative(name: str, default: float, fix: str) -> float:
+    """The number >= 0 in the variable ``name``, else ``default``; ``fix`` says what to give."""
+    raw = _raw(name)
+    if not raw:
         return default
     try:
         value = float(raw)
     except ValueError:
         value = -1.0
     if not value >= 0:
-        raise ValueError(f"MLCOMM_STALL_SECONDS={raw!r}: give a number of seconds "
-                         f"(0 turns it off)")
+        raise ValueError(f"{name}={raw!r}: {fix}")
     return value
+
+
+def stall_seconds(default: float = 60.0) -> float:
+    """``MLCOMM_STALL_SECONDS``, else ``default``."""
+    return _non_negative("MLCOMM_STALL_SECONDS", default,
+                         "give a number of seconds (0 turns it off)")
 
 
 def stall_abort() -> bool:
     """``MLCOMM_STALL_ABORT=1``."""
     return _raw("MLCOMM_STALL_ABORT") == "1"
+
+
+def sleep_after_us(default: float) -> float:
+    """``MLCOMM_SLEEP_AFTER_US`` (microseconds, 0: never), else ``default``."""
+    return _non_negative("MLCOMM_SLEEP_AFTER_US", default,
+                         "give microseconds >= 0, e.g. 100 (0: waits never sleep)")
 
 
 def polls_before_yield(default: int) -> int:

@@ -312,20 +312,67 @@ def test_a_rank_killed_in_a_window_collective_ends_the_job(tmp_path, name, count
 @pytest.mark.parametrize("name, raw", [("MLCOMM_POLLS_BEFORE_YIELD", "3"),
                                        ("MLCOMM_POLLS_BEFORE_YIELD", "many"),
                                        ("MLCOMM_STALL_SECONDS", "-1"),
+                                       ("MLCOMM_SLEEP_AFTER_US", "soon"),
+                                       ("MLCOMM_SLEEP_AFTER_US", "-5"),
                                        ("MLCOMM_EXECUTOR", "gpu")])
 def test_bad_loop_settings_name_the_variable(monkeypatch, name, raw):
     from mlcomm.runtime.binding import settings_from_env
     monkeypatch.setenv(name, raw)
     with pytest.raises(ValueError, match=name):
-        settings_from_env(0, oversubscribed=False)
+        settings_from_env(0, 1.0)
 
 
-def test_polls_before_yield(monkeypatch):
+def test_waits_yield_sooner_and_sleep_by_ranks_per_core(monkeypatch):
+    """Ranks that outnumber the cores yield every 2 polls; at 3 or more to a core a wait
+    that lasts 100 us sleeps between polls; MLCOMM_POLLS_BEFORE_YIELD and
+    MLCOMM_SLEEP_AFTER_US override."""
     from mlcomm.runtime.binding import settings_from_env
-    assert settings_from_env(0, oversubscribed=True).yield_mask == 1
-    assert settings_from_env(0, oversubscribed=False).yield_mask == 1023
+    waits = lambda per_core: (settings_from_env(0, per_core).yield_mask,
+                              settings_from_env(0, per_core).sleep_after)
+    assert waits(1.0) == (1023, 0) and waits(0.25) == (1023, 0)
+    assert waits(2.0) == (1, 0) and waits(4.0) == (1, 100e-6)
     monkeypatch.setenv("MLCOMM_POLLS_BEFORE_YIELD", "64")
-    assert settings_from_env(0, oversubscribed=True).yield_mask == 63
+    monkeypatch.setenv("MLCOMM_SLEEP_AFTER_US", "50")
+    assert waits(2.0) == (63, 50e-6) and waits(1.0) == (63, 50e-6)
+    monkeypatch.setenv("MLCOMM_SLEEP_AFTER_US", "0")
+    assert waits(4.0) == (63, 0)
+
+
+_LATE_PEER = """
+import sys, time
+import numpy as np
+from mpi4py import MPI
+import mlcomm
+comm = MPI.COMM_WORLD
+x = np.ones(4, np.float32)
+mlcomm.allreduce(mlcomm.IN_PLACE, x, algorithm=sys.argv[1])  # set up and bound
+comm.Barrier()
+if comm.rank == 1:
+    time.sleep(1.0)
+cpu, wall = time.process_time(), time.perf_counter()
+mlcomm.allreduce(mlcomm.IN_PLACE, x, algorithm=sys.argv[1])  # rank 0 waits 1 s for rank 1
+if comm.rank == 0:
+    print("CPU share", (time.process_time() - cpu) / (time.perf_counter() - wall))
+"""
+
+
+@pytest.mark.parametrize("executor", ["compiled", "python"])
+def test_a_long_wait_sleeps_and_leaves_the_core(tmp_path, executor):
+    """Rank 0 waits a second for rank 1 in an all-reduce. On the node window's flags, with
+    MLCOMM_SLEEP_AFTER_US, it sleeps between polls and takes a small share of the CPU;
+    yielding, it takes it all (the ranks that share its core get only their turns). A wait
+    on MPI requests (ring's messages) yields, as the library moves them only while it
+    polls."""
+    script = tmp_path / "late.py"
+    script.write_text(_LATE_PEER)
+    share = {}
+    for algorithm, after in (("shared_memory", "100"), ("shared_memory", "0"),
+                             ("ring", "100")):
+        proc = mpirun(2, [script, algorithm], timeout=120,
+                      env={"MLCOMM_SLEEP_AFTER_US": after, "MLCOMM_EXECUTOR": executor})
+        share[algorithm, after] = float(proc.stdout.split("CPU share")[1].split()[0])
+    assert share["shared_memory", "100"] < 0.3 < 0.7 < min(
+        share["shared_memory", "0"], share["ring", "100"]), share
 
 
 # --- the end of the job -----------------------------------------------------------------------

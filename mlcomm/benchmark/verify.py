@@ -27,9 +27,11 @@ P = 3 and 6.4 s at P = 8 in all (single process, loaded machine, 2026-11-27), ag
 minutes for the job's MPI calls.
 
 Every result is also checked for the input's dtype and shape, an unchanged input, and the
-same bits on every rank. Every case is one call on every rank, then one ``allgather`` of each
-rank's verdict and digest, whatever happened locally, so the ranks always enter the same
-collectives: a wrong result on one rank is a failure on all of them, never a hang.
+same bits on every rank. An algorithm's two calls (out of place, in place) run on every
+rank, then one gather of every rank's verdicts and digests, whatever happened locally, in
+a wait that yields the CPU (a rank still at work may share its core), so the ranks always
+enter the same collectives: a wrong result on one rank is a failure on all of them, never
+a hang.
 """
 
 from __future__ import annotations
@@ -375,17 +377,31 @@ def verify(comm=None, algorithms=None, dtypes=None, ops=None, counts=None, seed=
                     if line:
                         library.append((exact_reductions, line))
                 for name in names:
-                    _run_case(rows[name, dname], comm, session, ref, x, op, inputs)
+                    _settle(comm, session,
+                            _run_case(rows[name, dname], comm, session, ref, x, op, inputs), by)
     lines = sorted({item for lines in comm.allgather(library) for item in lines})
     return Report(list(rows.values()), [line for _, line in lines], exact_reductions)
 
 
-def _run_case(row, comm, session, ref, x, op, inputs):
-    """Run one algorithm on ``x``, out of place and in place, and record the verdicts."""
-    name, p, rank = row.algorithm, comm.Get_size(), comm.Get_rank()
-    start = time.perf_counter()
+@dataclass
+class _Case:
+    """One call of a case on this rank: its row, where it ran, and this rank's verdict (a
+    problem's text, or "" when none), its result's digest and whether it was the MPI
+    library's wrong answer."""
+
+    row: Row
+    where: str
+    problem: str
+    digest: int
+    library: bool
+
+
+def _run_case(row, comm, session, ref, x, op, inputs) -> list:
+    """Run one algorithm on ``x``, out of place and in place; return this rank's two
+    :class:`_Case` verdicts (:func:`_settle` gathers every rank's)."""
+    name, p, rank = row.algorithm, session.size, session.rank
+    start, cases = time.perf_counter(), []
     for in_place in (False, True):
-        row.cases += 1
         x_before = x.copy()
         if in_place:
             got = x.copy()
@@ -403,21 +419,36 @@ def _run_case(row, comm, session, ref, x, op, inputs):
                                                  ALGORITHMS[ran].library, ref.get("exact"),
                                                  local)
         digest = -1 if problem else zlib.crc32(np.ascontiguousarray(got).view(np.uint8))
-        states = comm.allgather((problem, digest, is_library))  # every rank, every case
-        wrong = [(r, s) for r, (s, _, _) in enumerate(states) if s]
-        if not wrong:
-            by = ref["by"]
-            wrong = [(r, f"differs from rank {by}'s result, which matches the reference")
-                     for r, (_, d, _) in enumerate(states) if d != states[by][1]]
         where = f"op={op} count={x.size} {'in-place' if in_place else 'out-of-place'}" + (
             f" (ran {auto_ran(session, 'allreduce', x.size, x.dtype, op)})" if name == AUTO
             else "")
+        cases.append(_Case(row, where, problem or "", digest, is_library))
+    row.seconds += time.perf_counter() - start
+    return cases
+
+
+def _settle(comm, session, cases, by):
+    """Gather every rank's verdicts on ``cases`` (the same cases on every rank, in one
+    order) and count them in their rows: one gather of numbers in a watched wait, which
+    yields the CPU to ranks still at work, and the problems' texts only when some rank met
+    one. ``by``: the rank whose result matched the references itself."""
+    p = session.size
+    mine = np.array([[bool(c.problem), c.digest, c.library] for c in cases], np.int64)
+    every = np.empty((p, *mine.shape), np.int64)
+    session.watch.wait(lambda: comm.Iallgather(mine, every), "mlcomm verify's verdicts")
+    texts = comm.allgather([c.problem for c in cases]) if every[:, :, 0].any() else None
+    for k, case in enumerate(cases):
+        row, flags = case.row, every[:, k]
+        row.cases += 1
+        wrong = [(r, texts[r][k]) for r in range(p) if flags[r, 0]]
+        if not wrong:
+            wrong = [(r, f"differs from rank {by}'s result, which matches the reference")
+                     for r in range(p) if flags[r, 1] != flags[by, 1]]
         if wrong:
             row.failures += 1
-            row.first_failure = row.first_failure or f"{where}: " + ", ".join(
-                f"rank {r}: {s}" for r, s in wrong[:3])
-        elif any(lib for _, _, lib in states):
+            row.first_failure = row.first_failure or f"{case.where}: " + ", ".join(
+                f"rank {r}: {text}" for r, text in wrong[:3])
+        elif flags[:, 2].any():
             row.library += 1
             row.first_library = row.first_library or \
-                f"{where}: the MPI library's own answer, which is wrong (below)"
-    row.seconds += time.perf_counter() - start
+                f"{case.where}: the MPI library's own answer, which is wrong (below)"

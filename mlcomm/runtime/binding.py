@@ -44,8 +44,20 @@ class Settings:
     stall_abort: bool = False
     #: polls between yields of the CPU and clock reads, minus one (a power of two minus one)
     yield_mask: int = 1023
+    #: seconds a wait lasts before it sleeps between polls instead of yielding (0: never)
+    sleep_after: float = 0.0
     #: use the compiled loop where it applies
     compiled: bool = True
+
+
+#: a wait sleeps after SLEEP_AFTER_US where the node's ranks are at least SLEEP_RANKS_PER_CORE
+#: times its cores: with two ranks on a core a yield is enough (tight loops of calls run
+#: faster yielding: 55 against 75-85 us at 64 KiB, P = 4 on 2 cores); with more, the
+#: yielding ranks take turns between themselves and a rank at work gets a fraction of its
+#: core (P = 8 on 2 cores: one rank's 2 ms of work between calls took 7.8 ms a call with
+#: yields, 2.0 with sleeps)
+SLEEP_AFTER_US = 100
+SLEEP_RANKS_PER_CORE = 3
 
 
 def _polls(oversubscribed: bool) -> int:
@@ -54,15 +66,18 @@ def _polls(oversubscribed: bool) -> int:
     return config.polls_before_yield(2 if oversubscribed else 1024)
 
 
-def settings_from_env(rank: int, oversubscribed: bool) -> Settings:
+def settings_from_env(rank: int, per_core: float) -> Settings:
     """Settings from ``MLCOMM_STALL_SECONDS``, ``MLCOMM_STALL_ABORT``,
-    ``MLCOMM_POLLS_BEFORE_YIELD`` and ``MLCOMM_EXECUTOR``; ranks that outnumber cores
-    yield the CPU sooner."""
+    ``MLCOMM_POLLS_BEFORE_YIELD``, ``MLCOMM_SLEEP_AFTER_US`` and ``MLCOMM_EXECUTOR``, for a
+    node with ``per_core`` ranks per core: ranks that outnumber the cores yield the CPU
+    sooner, and sleep in a wait that lasts where they are many to a core."""
     executor = config.executor()
+    sleep_after = SLEEP_AFTER_US if per_core >= SLEEP_RANKS_PER_CORE else 0
     return Settings(rank=rank,
                     stall_seconds=config.stall_seconds(60.0),
                     stall_abort=config.stall_abort(),
-                    yield_mask=_polls(oversubscribed) - 1,
+                    yield_mask=_polls(per_core > 1) - 1,
+                    sleep_after=config.sleep_after_us(sleep_after) / 1e6,
                     compiled=executor == "compiled")
 
 
@@ -132,7 +147,7 @@ class Binding:
         if device:
             self.frames = [None]
             runs = [PythonLoop(program, DeviceMemory(buffers, plan.dtype, plan.op),
-                               self.transports, settings.stall_seconds, settings.yield_mask)]
+                               self.transports, settings)]
         else:
             area_bytes = TURN_BYTES if program.turns else window.slot_bytes if slots else 0
             self.frames, runs = [], []
@@ -142,7 +157,7 @@ class Binding:
                     views = [_alias(_address(a), a.nbytes, a.dtype) for a in (inp, out, scratch)]
                     views += [_alias(a, area_bytes, plan.dtype) for a in areas]
                     run = PythonLoop(program, HostMemory(views, plan.dtype, plan.op),
-                                     self.transports, settings.stall_seconds, settings.yield_mask)
+                                     self.transports, settings)
                 self.frames.append(frame)
                 runs.append(run)
         self._turn_window = window if program.turns else None  # its turn picks the run
@@ -173,14 +188,14 @@ class Binding:
         if plan.program.largest_reduce >= kernels.NUMBA_MIN_BYTES and num_threads() > 1:
             return None, None
         kdt = kernel_dtype(plan.dtype, plan.op)
-        frame = Frame(plan.program, op_code(plan.dtype, plan.op), kdt.itemsize,
-                      settings.stall_seconds, settings.yield_mask, 3 + len(slots))
+        frame = Frame(plan.program, op_code(plan.dtype, plan.op), kdt.itemsize, settings,
+                      3 + len(slots))
         for index, a in enumerate((inp, out, scratch)):
             frame.set_buffer(index, _address(a), a.nbytes)
         for j, address in enumerate(slots):
             frame.set_buffer(SLOTS + j, address, slot_bytes)
         for index, transport in enumerate(self.transports):
-            frame.set_transport(index, transport.compiled)
+            frame.set_transport(index, transport)
         run = compiled_loop(frame, kdt)
         return (None, None) if run is None else (frame, run)
 

@@ -3,7 +3,8 @@
 One frame per binding holds everything the loop reads: the program's address and length,
 the loop op code and kernel element size, the buffers' addresses and sizes, each
 transport's context and C ``start``/``test`` addresses, the stall limit, how often a wait
-yields the CPU, and the addresses of ``MPI_Wtime`` and ``sched_yield``. The loop writes
+yields the CPU, when it sleeps instead and on which transports' waits, and the addresses
+of ``MPI_Wtime``, ``sched_yield`` and ``usleep``. The loop writes
 back where it stopped (a stall) and which transport faulted. A program with turns is bound
 once per set of turn areas: the first frame then holds the address of the turn (an int64
 that says which frame runs, flipped by each completed run) and of the second frame.
@@ -16,17 +17,20 @@ import numpy as np
 
 from ..ir.program import WIDTH
 
-__all__ = ["DONE", "STALLED", "FAULTED", "SPIN_NS", "MAX_TRANSPORTS", "Frame",
+__all__ = ["DONE", "STALLED", "FAULTED", "SPIN_NS", "SLEEP_US", "MAX_TRANSPORTS", "Frame",
            "compiled_supports", "op_names", "op_code"]
 
 DONE, STALLED, FAULTED = 0, 1, 2
 #: nanoseconds a WAIT spins between yields; after that it yields the CPU on every poll (a
 #: peer that waits for this core's time comes in at once, whoever else shares the cores)
 SPIN_NS = 50_000
+#: microseconds a WAIT sleeps on each poll once it has lasted its ``sleep_after`` (a sleeping
+#: rank leaves its core to the ranks that share it, which a yielding one does not)
+SLEEP_US = 20
 
 # frame words
 F_CODE, F_NCODE, F_OP, F_ITEM, F_PC, F_STALL_NS, F_YIELD_MASK, F_WTIME, F_YIELD, F_TRANSPORT, \
-    F_TURN, F_OTHER, F_NWORDS = range(13)
+    F_TURN, F_OTHER, F_NWORDS, F_SLEEP, F_SLEEP_AFTER_NS, F_SLEEPERS = range(16)
 F_TRANSPORTS = 16  # (context, start, test) per transport id
 #: the transport ids a frame has room for (a binding with more runs the Python loop)
 MAX_TRANSPORTS = 8
@@ -38,7 +42,8 @@ _CODECS = {"f16": 16, "bf16": 32}
 class Frame:
     """The int64 words the compiled loop runs on: one per binding (see the module docstring)."""
 
-    def __init__(self, program, op_code, itemsize, stall_seconds, yield_mask, buffers=3):
+    def __init__(self, program, op_code, itemsize, settings, buffers=3):
+        """``settings``: how waits wait (a :class:`mlcomm.runtime.binding.Settings`)."""
         from ..transport.cabi import libc_address
         from ..transport.libmpi import symbol
         self.words = np.zeros(F_BUFFERS + 2 * buffers, np.int64)
@@ -47,9 +52,10 @@ class Frame:
         w[F_CODE] = program.code.__array_interface__["data"][0]
         w[F_NCODE] = len(program.code) // WIDTH
         w[F_OP], w[F_ITEM] = op_code, itemsize
-        w[F_STALL_NS] = int(stall_seconds * 1e9)
-        w[F_YIELD_MASK] = yield_mask
+        w[F_STALL_NS] = int(settings.stall_seconds * 1e9)
+        w[F_YIELD_MASK] = settings.yield_mask
         w[F_WTIME], w[F_YIELD] = symbol("MPI_Wtime"), libc_address("sched_yield")
+        w[F_SLEEP], w[F_SLEEP_AFTER_NS] = libc_address("usleep"), int(settings.sleep_after * 1e9)
         w[F_NWORDS] = len(w)
         #: where the words are: what the compiled loop is called with
         self.address = w.__array_interface__["data"][0]
@@ -64,8 +70,10 @@ class Frame:
     def set_buffer(self, index, address, nbytes):
         self.words[F_BUFFERS + 2 * index:F_BUFFERS + 2 * index + 2] = (address, nbytes)
 
-    def set_transport(self, index, compiled):
-        self.words[F_TRANSPORTS + 3 * index:F_TRANSPORTS + 3 * index + 3] = compiled
+    def set_transport(self, index, transport):
+        self.words[F_TRANSPORTS + 3 * index:F_TRANSPORTS + 3 * index + 3] = transport.compiled
+        if transport.passive:  # its waits may sleep
+            self.words[F_SLEEPERS] |= 1 << index
 
     @property
     def stall_ns(self) -> int:

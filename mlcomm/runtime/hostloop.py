@@ -16,11 +16,12 @@ from numba import carray, njit, typeof, types
 from numba.core.errors import NumbaIRAssumptionWarning
 from numba.extending import intrinsic, overload
 
-from ..transport.cabi import call0_f64, call3, ccall0, i64_array_at
+from ..transport.cabi import call0_f64, call3, ccall0, ccall1, i64_array_at
 from ..kernels.numba_backend import scalar
 from .frame import (DONE, F_BUFFERS, F_CODE, F_ITEM, F_NCODE, F_NWORDS, F_OTHER, F_PC,
-                    F_STALL_NS, F_TRANSPORT, F_TRANSPORTS, F_TURN, F_WTIME, F_YIELD, F_YIELD_MASK,
-                    FAULTED, SPIN_NS, STALLED, op_names)
+                    F_SLEEP, F_SLEEP_AFTER_NS, F_SLEEPERS, F_STALL_NS, F_TRANSPORT, F_TRANSPORTS,
+                    F_TURN,
+                    F_WTIME, F_YIELD, F_YIELD_MASK, FAULTED, SLEEP_US, SPIN_NS, STALLED, op_names)
 from ..ir.program import COPY, REDUCE, REDUCE2, REDUCE3, START, WAIT, WIDTH
 
 __all__ = ["entry"]
@@ -31,9 +32,11 @@ _NAMES = op_names()
 #: file alone, so a change to those constants elsewhere must change this line too (it is
 #: checked below) or stale machine code would read the wrong words.
 LAYOUT = ("F_CODE=0 F_NCODE=1 F_ITEM=3 F_PC=4 F_STALL_NS=5 F_YIELD_MASK=6 F_WTIME=7 "
-          "F_YIELD=8 F_TRANSPORT=9 F_TURN=10 F_OTHER=11 F_NWORDS=12 F_TRANSPORTS=16 "
-          "F_BUFFERS=40 WIDTH=8 START=1 WAIT=2 "
-          "COPY=3 REDUCE=4 REDUCE2=5 REDUCE3=6 DONE=0 STALLED=1 FAULTED=2 SPIN_NS=50000")
+          "F_YIELD=8 F_TRANSPORT=9 F_TURN=10 F_OTHER=11 F_NWORDS=12 F_SLEEP=13 "
+          "F_SLEEP_AFTER_NS=14 F_SLEEPERS=15 F_TRANSPORTS=16 F_BUFFERS=40 WIDTH=8 START=1 "
+          "WAIT=2 "
+          "COPY=3 REDUCE=4 REDUCE2=5 REDUCE3=6 DONE=0 STALLED=1 FAULTED=2 SPIN_NS=50000 "
+          "SLEEP_US=20")
 
 
 def _layout() -> str:
@@ -108,6 +111,8 @@ def execute(frame, like, op):
             spins = 0
             since = 0.0
             mask = frame[F_YIELD_MASK]
+            sleep_after = frame[F_SLEEP_AFTER_NS] if (frame[F_SLEEPERS] >> code[i + 1]) & 1 \
+                else 0
             while True:
                 r = call3(frame[t + 2], frame[t], code[i + 2], code[i + 3])
                 if r == 1:
@@ -117,7 +122,6 @@ def execute(frame, like, op):
                     return FAULTED
                 spins += 1
                 if (spins & mask) == 0:
-                    ccall0(frame[F_YIELD])
                     now = call0_f64(frame[F_WTIME])
                     if since == 0.0:
                         since = now
@@ -126,6 +130,10 @@ def execute(frame, like, op):
                         if frame[F_STALL_NS] > 0 and (now - since) * 1e9 > frame[F_STALL_NS]:
                             frame[F_PC] = pc
                             return STALLED
+                    if 0 < sleep_after < (now - since) * 1e9:
+                        ccall1(frame[F_SLEEP], SLEEP_US)
+                    else:
+                        ccall0(frame[F_YIELD])
         else:
             d = _view(frame, like, code[i + 1], code[i + 2], code[i + 7])
             s = _view(frame, like, code[i + 3], code[i + 4], code[i + 7])

@@ -19,7 +19,10 @@ again to go on waiting) or ``FAULTED`` (a transport reported a fault; ask it wha
 A WAIT polls its transport; every ``yield_mask + 1`` polls it yields the CPU (ranks may
 outnumber cores) and reads the clock, so the stall check costs nothing on short waits; a
 wait longer than :data:`mlcomm.runtime.frame.SPIN_NS` yields on every poll (other jobs may share
-the cores).
+the cores), and a wait on a passive transport (one that watches memory its peers write)
+longer than the settings' ``sleep_after`` sleeps :data:`mlcomm.runtime.frame.SLEEP_US` on
+every poll instead: a yielding rank still takes its turns on a core that a rank at work
+needs, a sleeping one does not.
 """
 
 from __future__ import annotations
@@ -29,11 +32,21 @@ import time
 
 import numpy as np
 
-from .frame import DONE, F_OP, FAULTED, SPIN_NS, STALLED, Frame
+from .frame import DONE, F_OP, FAULTED, SLEEP_US, SPIN_NS, STALLED, Frame
 from ..ir.program import COPY, REDUCE, REDUCE2, REDUCE3, START, WAIT
 from ..transport import FAULT
 
 __all__ = ["compiled_loop", "PythonLoop", "HostMemory"]
+
+
+def _rest(sleep_after: float, since: float, now: float) -> None:
+    """A waiting rank's pause between polls: a yield of the CPU, or a sleep of
+    :data:`mlcomm.runtime.frame.SLEEP_US` once the wait (from ``since`` to ``now``,
+    seconds) has lasted ``sleep_after`` (0: never)."""
+    if 0 < sleep_after < now - since:
+        time.sleep(SLEEP_US * 1e-6)
+    else:
+        os.sched_yield()
 
 # --- the compiled loop -----------------------------------------------------------------------
 
@@ -100,9 +113,10 @@ class PythonLoop:
     """The program decoded into Python calls on ``memory`` (host or device) and
     ``transports``; calling it runs the program and returns a loop code."""
 
-    def __init__(self, program, memory, transports, stall_seconds, yield_mask):
+    def __init__(self, program, memory, transports, settings):
         self.memory, self.transports = memory, transports
-        self.stall_seconds, self.yield_mask = stall_seconds, yield_mask
+        self.stall_seconds, self.yield_mask = settings.stall_seconds, settings.yield_mask
+        self.sleep_after = settings.sleep_after
         self.pc, self.faulted_transport = 0, 0
         self.steps = []
         for row in program.instructions:
@@ -155,7 +169,6 @@ class PythonLoop:
                 return True
             spins += 1
             if (spins & mask) == 0:
-                os.sched_yield()
                 now = time.monotonic()
                 if not since:
                     since = now
@@ -164,3 +177,4 @@ class PythonLoop:
                     if self.stall_seconds and now - since > self.stall_seconds:
                         self._wait_code = STALLED
                         return True
+                _rest(self.sleep_after if self.transports[transport].passive else 0, since, now)

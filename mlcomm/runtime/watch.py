@@ -182,7 +182,7 @@ class Watch:
         while not MPI.Request.Testall(requests):
             spins += 1
             if spins % polls == 0 or spins > 64:
-                os.sched_yield()
+                os.sched_yield()  # MPI requests move only while this rank polls them
                 if calls[0] is None:
                     calls[0] = join()
                 if check is not None:

@@ -164,6 +164,8 @@ def _drop(key) -> None:
 def _evict_to(limit: int, keep) -> None:
     """Drop least recently used bindings until the cache fits ``limit``; never ``keep``
     nor a binding that a started non-blocking call is about to run."""
+    if cached_bytes() <= limit:  # the usual case: no list of the entries to make
+        return
     for key in list(BINDINGS.entries):
         if cached_bytes() <= limit:
             return
@@ -317,6 +319,7 @@ class Session:
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         real = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
         local, leader = real.Get_size(), real.allreduce(self.rank, op=MPI.MIN)
+        cores = set().union(*real.allgather(_cpus()))  # the cores the node's ranks may use
         real.Free()
         agreed = _agreed_env(self.comm, leader)
         self.default_algorithm, self.nodes, self.slot_bytes = agreed
@@ -324,7 +327,7 @@ class Session:
         self.node = next(n for n in self.nodes if self.rank in n)
         self.node_comm = self.comm.Split(self.nodes.index(self.node), self.rank)
         self._window = None
-        self.settings = settings_from_env(self.rank, local > _cpus())
+        self.settings = settings_from_env(self.rank, local / len(cores))
         #: mlcomm's own waits on this communicator (roll calls on its duplicate)
         self.watch = Watch(self.settings, self.rank, self.comm, list(range(self.size)))
         self.plans: OrderedDict = OrderedDict()
@@ -537,16 +540,18 @@ def _duplicate(comm, what):
         dup, request = plain.Idup()
         made.append(dup)
         return request
-    Watch(settings_from_env(rank, True), rank, lambda: world_roll(plain)).wait(
+    # ranks may share cores: they yield (not sleep, which slows the library's progress)
+    Watch(settings_from_env(rank, 2.0), rank, lambda: world_roll(plain)).wait(
         start, f"{what}, the first call on this communicator (mlcomm's set-up)")
     return made[0]
 
 
-def _cpus() -> int:
+def _cpus() -> set:
+    """The cores this process may run on."""
     try:
-        return len(os.sched_getaffinity(0))
+        return os.sched_getaffinity(0)
     except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+        return set(range(os.cpu_count() or 1))
 
 
 def _agreed_env(comm, leader):

@@ -67,6 +67,9 @@ class Transport:
 
     #: ``(context, start, test)`` addresses for the compiled loop, or None (Python loop only)
     compiled = None
+    #: its waits need nothing of this rank (they watch memory its peers write), so a long
+    #: one may sleep; an MPI request moves only while its own rank polls it
+    passive = False
 
     def start(self, first: int, n: int) -> int:
         raise NotImplementedError

@@ -60,6 +60,12 @@ def ccall0(typingctx, fn):
 
 
 @intrinsic
+def ccall1(typingctx, fn, a):
+    """``fn(a)`` returning a C ``int``."""
+    return _W(_W, _W), _codegen(_I32, 1)
+
+
+@intrinsic
 def ccall2(typingctx, fn, a, b):
     """``fn(a, b)`` returning a C ``int``."""
     return _W(_W, _W, _W), _codegen(_I32, 2)

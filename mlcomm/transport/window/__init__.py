@@ -161,12 +161,15 @@ def _define(compile):
 
 class NodeSync(Transport):
     """The node synchronisations of one program on ``window`` (see the module docstring).
+    Its waits watch the peers' flags (:attr:`~mlcomm.transport.Transport.passive`).
 
     ``local`` is this rank's index in the node, ``ranks`` the node's ranks in the
     communicator (for stall reports). The program's first post adds ``window_bytes`` (what
     a run reads from its peers' slots) to ``moved[WINDOW]`` (a session's counters,
     :data:`mlcomm.transport.PATHS`).
     """
+
+    passive = True
 
     def __init__(self, window: NodeWindow, syncs, local: int, ranks, addresses=(0, 0),
                  moved=None, window_bytes=0):
