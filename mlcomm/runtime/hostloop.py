@@ -20,8 +20,8 @@ from ..transport.cabi import call0_f64, call3, ccall0, ccall1, i64_array_at
 from ..kernels.numba_backend import scalar
 from .frame import (DONE, F_BUFFERS, F_CODE, F_ITEM, F_NCODE, F_NWORDS, F_OTHER, F_PC,
                     F_SLEEP, F_SLEEP_AFTER_NS, F_SLEEPERS, F_STALL_NS, F_TRANSPORT, F_TRANSPORTS,
-                    F_TURN,
-                    F_WTIME, F_YIELD, F_YIELD_MASK, FAULTED, SLEEP_US, SPIN_NS, STALLED, op_names)
+                    F_TURN, F_WTIME, F_YIELD, F_YIELD_MASK, FAULTED, SLEEP_US, SPIN_NS, STALLED,
+                    op_names)
 from ..ir.program import COPY, REDUCE, REDUCE2, REDUCE3, START, WAIT, WIDTH
 
 __all__ = ["entry"]
@@ -34,9 +34,8 @@ _NAMES = op_names()
 LAYOUT = ("F_CODE=0 F_NCODE=1 F_ITEM=3 F_PC=4 F_STALL_NS=5 F_YIELD_MASK=6 F_WTIME=7 "
           "F_YIELD=8 F_TRANSPORT=9 F_TURN=10 F_OTHER=11 F_NWORDS=12 F_SLEEP=13 "
           "F_SLEEP_AFTER_NS=14 F_SLEEPERS=15 F_TRANSPORTS=16 F_BUFFERS=40 WIDTH=8 START=1 "
-          "WAIT=2 "
-          "COPY=3 REDUCE=4 REDUCE2=5 REDUCE3=6 DONE=0 STALLED=1 FAULTED=2 SPIN_NS=50000 "
-          "SLEEP_US=20")
+          "WAIT=2 COPY=3 REDUCE=4 REDUCE2=5 REDUCE3=6 DONE=0 STALLED=1 FAULTED=2 "
+          "SPIN_NS=50000 SLEEP_US=20")
 
 
 def _layout() -> str:
