@@ -479,3 +479,13 @@ def test_floor_names_a_core_it_cannot_use():
     proc = subprocess.run([sys.executable, ROOT / "bench" / "floor.py", "--cores", "0,4096"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--cores 0,4096: this process may run on cores" in proc.stderr
+
+
+def test_uneven_times_calls_after_rank_0s_work():
+    """bench/uneven.py: each call takes at least rank 0's work; with waits that sleep, as
+    set, it says so."""
+    proc = mpirun(2, [ROOT / "bench" / "uneven.py", "--work", "300", "--calls", "20",
+                      "--runs", "2"], timeout=120, env={"MLCOMM_SLEEP_AFTER_US": "100"})
+    line = re.search(r"^P=2 shared_memory work 300 us: (\d+\.\d+) ms a call \((\d+\.\d+)x "
+                     r"the work; waits sleep after 100 us, 0: never\)$", proc.stdout, re.M)
+    assert line and float(line[1]) >= 0.3 and float(line[2]) >= 1.0, proc.stdout
