@@ -51,11 +51,10 @@ class Settings:
 
 
 #: a wait sleeps after SLEEP_AFTER_US where the node's ranks are at least SLEEP_RANKS_PER_CORE
-#: times its cores: with two ranks on a core a yield is enough (tight loops of calls run
-#: faster yielding: 55 against 75-85 us at 64 KiB, P = 4 on 2 cores); with more, the
-#: yielding ranks take turns between themselves and a rank at work gets a fraction of its
-#: core (P = 8 on 2 cores: one rank's 2 ms of work between calls took 7.8 ms a call with
-#: yields, 2.0 with sleeps)
+#: times its cores: a yield keeps a rank's share of the core wherever the ranks are in
+#: different scheduling groups (each MPICH rank is a session of its own; another job is
+#: another), which costs a rank at work most of its core when three or more share it; at
+#: two to a core tight loops of calls run faster yielding (docs/mpis.rst)
 SLEEP_AFTER_US = 100
 SLEEP_RANKS_PER_CORE = 3
 

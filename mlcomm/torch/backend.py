@@ -246,18 +246,16 @@ class ProcessGroupMlcomm(dist.ProcessGroup):
         t, reduce_op = tensors[0], opts.reduceOp
         key = (hash(reduce_op), t.dtype, t.shape)  # a ReduceOp hashes fast, its enum slowly
         known, blocking = self._known.get(key), not opts.asyncOp and not self._hooks
-        if known is not None and len(tensors) == 1 and t.is_cpu and t.is_contiguous():
-            if known.code is not None and blocking:
-                self._small_allreduce(known, t)
-                return Work(tensors)
-            op, described, problem = known.op, known.described, None  # compared only
-        else:
+        if known is None or len(tensors) != 1 or not t.is_cpu or not t.is_contiguous():
             problem, op, described = self._describe("all_reduce", tensors, reduce_op)
+            known = None
             if problem is None and len(self._known) < _KEEP:
                 known = self._known[key] = self._known_allreduce(op, described, t)
-                if known.code is not None and blocking:
-                    self._small_allreduce(known, t)
-                    return Work(tensors)
+        else:
+            op, described, problem = known.op, known.described, None  # compared only
+        if blocking and known is not None and known.code is not None:
+            self._small_allreduce(known, t)
+            return Work(tensors)
         if blocking and problem is None:  # here
             self.session.wait_started()
             self._compare("all_reduce", described, None)
