@@ -164,13 +164,18 @@ def _drop(key) -> None:
 def _evict_to(limit: int, keep) -> None:
     """Drop least recently used bindings until the cache fits ``limit``; never ``keep``
     nor a binding that a started non-blocking call is about to run."""
-    if cached_bytes() <= limit:  # the usual case: no list of the entries to make
-        return
-    for key in list(BINDINGS.entries):
-        if cached_bytes() <= limit:
+    entries = BINDINGS.entries
+    # from the least recently used, starting over after each drop: a list of the keys
+    # would cost a microsecond per entry (the ordered dict rehashes each key) on every call
+    # once the cache is full, and it may hold thousands
+    keys = iter(entries)
+    while cached_bytes() > limit:
+        key = next(keys, None)
+        if key is None:
             return
-        if key != keep and not BINDINGS.entries[key].binding.busy:
+        if key != keep and not entries[key].binding.busy:
             _drop(key)
+            keys = iter(entries)
 
 
 def _free_transports(transports) -> None:
