@@ -358,13 +358,16 @@ def verify(comm=None, algorithms=None, dtypes=None, ops=None, counts=None, seed=
             plans[name, dname] = row_ops
     for dname in dtypes:
         dtype = _BY_NAME[dname]
+        groups = []  # (op, algorithms) of this dtype, each numbered over the whole matrix
         for op in ops:
             names = [n for n in algorithms if op in plans[n, dname]]
-            if not names:
-                continue
-            group += 1
-            for j, count in enumerate(counts):
-                by = _executor_rank(group, j, p)
+            if names:
+                group += 1
+                groups.append((group, op, names))
+        # each count's ops in turn: their plans share a schedule and program
+        for j, count in enumerate(counts):
+            for number, op, names in groups:
+                by = _executor_rank(number, j, p)
                 inputs = [sample(dtype, op, count, r, seed) if by == rank or r == rank else None
                           for r in range(p)]
                 x = inputs[rank]

@@ -16,7 +16,7 @@ from ..algorithms import COLLECTIVES
 from ..ir.program import Program, lower
 from ..ir.schedule import Schedule
 
-__all__ = ["Plan", "make_plan", "plan_for_schedule", "plan_key"]
+__all__ = ["Plan", "make_plan", "plan_for_schedule", "plan_key", "layout_key"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,9 +43,22 @@ def plan_key(collective, algorithm, size, count, dtype, op, options, alias) -> t
             tuple(sorted(options.items())), alias)
 
 
-def make_plan(collective, algorithm, rank, size, count, dtype, op, options, alias=None) -> Plan:
-    """Build ``algorithm``'s schedule for this rank and lower it for the layout."""
+def layout_key(key: tuple) -> tuple:
+    """What a plan's schedule and program depend on, of its :func:`plan_key`: everything but
+    the dtype (only its size) and the op. Plans whose layout keys are equal share them."""
+    collective, algorithm, size, count, dtype, op, options, alias = key
+    return collective, algorithm, size, count, dtype.itemsize, options, alias
+
+
+def make_plan(collective, algorithm, rank, size, count, dtype, op, options, alias=None,
+              like=None) -> Plan:
+    """Build ``algorithm``'s schedule for this rank and lower it for the layout; or take
+    them from ``like``, a plan of the same :func:`layout_key` (another dtype of the same
+    size, or another op)."""
     dtype = np.dtype(dtype)
+    if like is not None:
+        return Plan(plan_key(collective, algorithm, size, count, dtype, op, options, alias),
+                    collective, algorithm, count, dtype, op, like.schedule, like.program)
     schedule = COLLECTIVES[collective][algorithm].build(rank, size, count, dtype.itemsize,
                                                         **options)
     return plan_for_schedule(schedule, dtype, op, collective=collective, algorithm=algorithm,

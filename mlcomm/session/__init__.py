@@ -7,6 +7,8 @@ the end of the job (:func:`_free_all`). It holds:
 - the private duplicate mlcomm talks on, so its messages never meet the caller's;
 - the algorithm ``MLCOMM_ALGORITHM`` names, read once and agreed across the ranks;
 - plans (:mod:`mlcomm.runtime.plan`, immutable) by call layout, least recently used first out;
+  plans that differ only in the op, or in a dtype of the same size, share one schedule and
+  program;
 - ``auto``'s choices, agreed across the ranks (:meth:`Session.remember_choice`);
 - the algorithm options it has checked;
 - bindings (:mod:`mlcomm.runtime.binding`) by plan and buffer pair, bounded in bytes with every
@@ -59,7 +61,7 @@ from numpy import ndarray
 from .. import config
 from ..algorithms import resolve
 from ..runtime.binding import Binding, buffer_key, settings_from_env
-from ..runtime.plan import make_plan, plan_key
+from ..runtime.plan import layout_key, make_plan, plan_key
 from ..runtime.progress import Progress
 from ..transport.mpi import TAG
 from ..transport.mpi.abort import abort_job
@@ -336,6 +338,7 @@ class Session:
         #: mlcomm's own waits on this communicator (roll calls on its duplicate)
         self.watch = Watch(self.settings, self.rank, self.comm, list(range(self.size)))
         self.plans: OrderedDict = OrderedDict()
+        self.layouts: OrderedDict = OrderedDict()  # layout_key -> a plan with that layout
         self._scratch = weakref.WeakValueDictionary()  # plan key -> its host bindings' scratch
         #: a plan key (a device binding's: its cache key) -> [scratch bytes, device vector
         #: bytes, cached bindings sharing them]: a plan's host bindings share one scratch
@@ -356,15 +359,22 @@ class Session:
 
     # plans
     def plan(self, collective, algorithm, count, dtype, op, options, alias=None):
-        """The plan for this call layout, built and lowered on first use."""
+        """The plan for this call layout, built and lowered on first use; or, where a plan
+        for another op or dtype of the same size is kept, sharing its schedule and
+        program."""
         key = plan_key(collective, algorithm, self.size, count, dtype, op, options, alias)
         plan = self.plans.get(key)
         if plan is not None:
             self.plans.move_to_end(key)
             return plan
         self.plan_misses += 1
+        layout = layout_key(key)
         plan = make_plan(collective, algorithm, self.rank, self.size, count, dtype, op,
-                         options, alias)
+                         options, alias, like=self.layouts.get(layout))
+        self.layouts[layout] = plan
+        self.layouts.move_to_end(layout)
+        if len(self.layouts) > _PLANS:
+            self.layouts.popitem(last=False)
         if self.rank == 0 and config.debug():
             log.warning("mlcomm: new plan %s: %d steps, %d instructions, %d scratch elements",
                         plan.describe(), len(plan.schedule.steps),
@@ -523,6 +533,7 @@ class Session:
             return
         self.free_bindings()
         self.plans.clear()
+        self.layouts.clear()
         self.freed = True
         if not MPI.Is_finalized():
             if self._window is not None:

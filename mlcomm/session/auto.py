@@ -4,7 +4,8 @@
 this number of ranks. Otherwise, for an all-reduce, it measures: the first call of a new
 size (to the power of two), element type and op times every candidate on scratch buffers
 of that size (at most :data:`TRIAL_BYTES`), and every later call in that band runs the
-fastest (:func:`agreed_choice`). ``MLCOMM_AUTO=model`` (or a device buffer on the direct
+fastest (:func:`agreed_choice`); below :data:`TRIAL_SHARED_BYTES` the band holds every op
+and dtype of the element size that can change nothing in the pick (:func:`_band_key`). ``MLCOMM_AUTO=model`` (or a device buffer on the direct
 path, or the other collectives) takes the cost model's prediction instead.
 """
 
@@ -18,6 +19,7 @@ import numpy as np
 from .. import config
 from ..algorithms import ALGORITHMS, AUTO, COLLECTIVES, MPI_NATIVE, Layout, resolve, weighed
 from ..model.cost import auto_candidates, explain
+from ..runtime.frame import compiled_supports
 from ..transport.native import supports as library_supports
 
 log = logging.getLogger("mlcomm")
@@ -65,6 +67,11 @@ TRIAL_WARM = 3
 TRIAL_WARM_LARGE = 1
 #: measured times within this factor of the fastest count as a tie (the model's order breaks it)
 TRIAL_TIE = 1.02
+#: below this many bytes a trial's pick holds for every op and dtype of its element size
+#: that the same loop reduces and the library can reduce or not alike (:func:`_band_key`):
+#: there the ops differ by a fraction of a microsecond a call (8 KiB: 0.44-0.54 us a NumPy
+#: reduction, whichever op and dtype)
+TRIAL_SHARED_BYTES = 8 << 10
 #: a variant (:data:`VARIANTS`) is chosen only where it times this much faster than the
 #: fastest default: the window's gain is small where the cores share a cache, its loss large
 #: where they do not, and a machine can move between the two within a job
@@ -180,8 +187,7 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
     choice = session.choices.get(key)
     if choice is not None:
         return choice[0], dict(choice[1])
-    band = ("band", collective, p, (count * dtype.itemsize).bit_length(), dtype.str, op,
-            device, flat)
+    band = ("band", collective, p, *_band_key(count, dtype, op), device, flat)
     choice = session.choices.get(band)
     if choice is None:
         proposal = None
@@ -433,8 +439,16 @@ def _slowest(session, times, began) -> tuple:
 
 
 def _band_key(count, dtype, op) -> tuple:
-    """The key of an all-reduce's size band in ``session.trials``."""
-    return (count * dtype.itemsize).bit_length(), dtype.str, op
+    """The key of an all-reduce's size band in ``session.trials``, and of the choice its
+    trial made: the power of two of its bytes, with its dtype and op; below
+    :data:`TRIAL_SHARED_BYTES`, with only what can change the pick there: the element size,
+    whether the compiled loop reduces the pair (the Python loop's steps cost microseconds)
+    and whether the library's ``MPI_Allreduce`` is a candidate."""
+    nbytes = count * dtype.itemsize
+    if nbytes < TRIAL_SHARED_BYTES:
+        return nbytes.bit_length(), dtype.itemsize, compiled_supports(dtype, op), \
+            library_supports(dtype, op)
+    return nbytes.bit_length(), dtype.str, op
 
 
 def _way(name) -> str:

@@ -10,6 +10,7 @@ x86-64 and AArch64 C ABIs a callee taking ``int`` reads the low half of the regi
 from __future__ import annotations
 
 import ctypes
+from functools import lru_cache
 
 from llvmlite import ir
 from numba import types
@@ -143,6 +144,8 @@ def i64_array_at(typingctx, address):
     return types.CPointer(types.int64)(types.int64), codegen
 
 
+@lru_cache(maxsize=None)
 def libc_address(name: str) -> int:
-    """The address of libc's function ``name``."""
+    """The address of libc's function ``name`` (looked up once: a lookup opens the process's
+    symbol table, 70 us)."""
     return ctypes.cast(getattr(ctypes.CDLL(None), name), ctypes.c_void_p).value

@@ -195,6 +195,30 @@ def test_plans_are_cached():
     agree(s.plan_misses == misses, "a repeated call planned again")
 
 
+def test_plans_of_one_layout_share_their_program_and_stay_exact():
+    """Calls that differ only in the op, or in a dtype of the same size, get plans of their
+    own that share one schedule and program (lowered once); each result is exact."""
+    from mlcomm import session
+    comm = COMM.Dup()
+    try:
+        s = session.get(comm)
+        x = np.arange(77) % 5 + RANK
+        calls = [(np.int32, "sum"), (np.int32, "max"), (np.float32, "min"), (np.uint32, "bxor"),
+                 (np.int64, "sum")]
+        for dtype, op in calls:
+            got = mlcomm.allreduce(x.astype(dtype), op=op, comm=comm, algorithm="ring")
+            want = np.empty_like(x.astype(dtype))
+            COMM.Allreduce(x.astype(dtype), want, getattr(MPI, op.upper()))
+            agree(np.array_equal(got, want), f"ring {np.dtype(dtype)} {op}")
+        plans = list(s.plans.values())
+        agree(len(plans) == len(calls), f"{len(plans)} plans for {len(calls)} layouts")
+        four = {id(p.program) for p in plans if p.dtype.itemsize == 4}
+        agree(len(four) == 1 and id(plans[-1].program) not in four,
+              "plans of one layout lowered apart, or of another element size shared")
+    finally:
+        comm.Free()
+
+
 def test_repeated_reduce_and_reduce_scatter_stay_bound():
     """No per-call output allocation or copy: the plan's binding survives repeated calls."""
     from mlcomm import session

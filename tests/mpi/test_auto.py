@@ -2,6 +2,7 @@
 rank, exact results, the same bits on a repeated call; MLCOMM_AUTO=model; a bad MLCOMM_AUTO
 fails every rank."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -53,6 +54,38 @@ def test_measured_once_per_band_same_everywhere_exact(fresh, monkeypatch, count)
     mlcomm.allreduce(y, comm=comm)
     agree(not same_band or s.plan_misses - misses <= 1, f"{s.plan_misses - misses} new plans")
     agree(len(_bands(s)) == (1 if same_band else 2), str(_bands(s)))
+
+
+def test_a_small_band_is_timed_once_for_every_op_and_dtype_of_its_element_size(fresh,
+                                                                               monkeypatch):
+    """Below TRIAL_SHARED_BYTES one trial decides every op and dtype of the element size
+    that the same loop reduces and the library reduces or not alike; a dtype the library
+    cannot reduce (bfloat16), a new element size or 8 KiB and more time again. Every result
+    is exact."""
+    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
+    comm, s = fresh
+    if P == 1:
+        return
+    trials = []
+    monkeypatch.setattr(auto, "_trial", lambda *a, _t=auto._trial: trials.append(a[2:]) or _t(*a))
+    x = np.arange(100) % 7 + RANK
+    calls = [(np.float32, "sum", 1), (np.int32, "max", 0), (np.uint32, "bxor", 0),
+             (np.float32, "min", 0), (np.int16, "sum", 1),
+             (ml_dtypes.bfloat16, "sum", 1), (np.int32, "sum", 0),
+             (np.float32, "sum", 1, 3000), (np.int32, "min", 1, 3000)]
+    for dtype, op, timed, *count in calls:
+        y = (np.arange(count[0]) % 7 + RANK if count else x).astype(dtype)
+        before = len(trials)
+        got = mlcomm.allreduce(y, op=op, comm=comm)
+        want = {"sum": lambda: sum(np.arange(y.size) % 7 + r for r in range(P)),
+                "max": lambda: np.arange(y.size) % 7 + P - 1,
+                "min": lambda: np.arange(y.size) % 7,
+                "bxor": lambda: np.bitwise_xor.reduce(
+                    [np.arange(y.size) % 7 + r for r in range(P)])}[op]()
+        agree(np.array_equal(got.astype(np.float64), np.asarray(want, np.float64)),
+              f"auto's {np.dtype(dtype)} {op} differs from the exact answer")
+        agree(len(trials) - before == timed,
+              f"{np.dtype(dtype)} {op} x {y.size}: {len(trials) - before} trials, not {timed}")
 
 
 def test_floats_same_bits_on_every_rank_and_on_repeat(fresh, monkeypatch):
