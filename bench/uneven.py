@@ -4,7 +4,8 @@
     MLCOMM_SLEEP_AFTER_US=0 mpiexec -n 8 python bench/uneven.py  # waits that only yield
 
 Rank 0 spins for each ``--work`` (µs) before each call of a persistent 8-byte allgather
-(``-a``, default ``shared_memory``: its waits are on the node window's flags); the other
+(``-a``, default ``shared_memory``: its waits are on the node window's flags; ``ring``'s
+are on messages, which sleep ten times later); the other
 ranks go straight to the call and wait for it. Rank 0 prints the time per call, the median
 of ``--runs`` blocks of ``--calls`` calls. With ranks that share cores, the time above the
 work is what the waiting ranks take of rank 0's core: a wait that yields keeps its share
@@ -47,7 +48,9 @@ def main(argv=None):
     comm = MPI.COMM_WORLD.Dup()
     mine, rows = np.zeros(8, np.uint8), np.zeros(8 * comm.size, np.uint8)
     gather = Persistent("allgather", mine, rows, "sum", comm, args.algorithm, 0, None, {})
+    from mlcomm.runtime.frame import MESSAGE_SLEEP_FACTOR
     sleep_after = gather.session.settings.sleep_after
+    message = sleep_after * MESSAGE_SLEEP_FACTOR
     for work in args.work:
         def call():
             if comm.rank == 0:
@@ -66,7 +69,8 @@ def main(argv=None):
             took = statistics.median(blocks)
             print(f"P={comm.size} {args.algorithm} work {work:g} us: {took * 1e3:.3f} ms a "
                   f"call ({took / (work * 1e-6):.2f}x the work; waits sleep after "
-                  f"{sleep_after * 1e6:g} us, 0: never)" if work else
+                  f"{sleep_after * 1e6:g} us on the window, {message * 1e6:g} us on messages, "
+                  f"0: never)" if work else
                   f"P={comm.size} {args.algorithm} work 0 us: {took * 1e3:.3f} ms a call",
                   flush=True)
     gather.release()

@@ -49,7 +49,8 @@ VARIABLES = {v.name: v for v in (
     Variable("MLCOMM_POLLS_BEFORE_YIELD", "1024, 2 if oversubscribed",
              "polls of a wait between yields of the CPU (a power of two)"),
     Variable("MLCOMM_SLEEP_AFTER_US", "100 at 3 or more ranks a core, else 0 (never)",
-             "microseconds a wait lasts before it sleeps between polls instead of yielding"),
+             "microseconds a wait lasts before it sleeps between polls instead of yielding "
+             "(ten times that on MPI messages)"),
     Variable("MLCOMM_PROFILE", "~/.cache/mlcomm/profile.json",
              "the profile file: the cost model's constants and tuned choices"),
     Variable("MLCOMM_RANKS_PER_NODE", "a machine's ranks",

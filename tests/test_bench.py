@@ -487,5 +487,6 @@ def test_uneven_times_calls_after_rank_0s_work():
     proc = mpirun(2, [ROOT / "bench" / "uneven.py", "--work", "300", "--calls", "20",
                       "--runs", "2"], timeout=120, env={"MLCOMM_SLEEP_AFTER_US": "100"})
     line = re.search(r"^P=2 shared_memory work 300 us: (\d+\.\d+) ms a call \((\d+\.\d+)x "
-                     r"the work; waits sleep after 100 us, 0: never\)$", proc.stdout, re.M)
+                     r"the work; waits sleep after 100 us on the window, 1000 us on "
+                     r"messages, 0: never\)$", proc.stdout, re.M)
     assert line and float(line[1]) >= 0.3 and float(line[2]) >= 1.0, proc.stdout

@@ -29,8 +29,9 @@ minutes for the job's MPI calls.
 Every result is also checked for the input's dtype and shape, an unchanged input, and the
 same bits on every rank. An algorithm's two calls (out of place, in place) run on every
 rank, then one gather of every rank's verdicts and digests, whatever happened locally, in
-a wait that yields the CPU (a rank still at work may share its core), so the ranks always
-enter the same collectives: a wrong result on one rank is a failure on all of them, never
+a wait that leaves the CPU (a rank still at work may share its core: the wait, as the
+reference's, sleeps between polls where ranks outnumber the cores three to one, see
+``MLCOMM_SLEEP_AFTER_US``), so the ranks always enter the same collectives: a wrong result on one rank is a failure on all of them, never
 a hang.
 """
 
@@ -130,14 +131,20 @@ def sample(dtype, op, count, rank, seed=0):
     return x.astype(dtype)
 
 
-def reference(comm, x, op):
-    """``MPI_Allreduce`` of ``x``; types MPI cannot reduce go through float64/complex128."""
+def reference(comm, x, op, watch=None):
+    """``MPI_Allreduce`` of ``x``; types MPI cannot reduce go through float64/complex128.
+    With ``watch`` (a :class:`mlcomm.runtime.watch.Watch` on ``comm``), its non-blocking
+    form in a watched wait that sleeps while ranks are still at work."""
     wide = x.astype(np.float64) if x.dtype in _NARROW_FLOATS else x
     out = np.empty_like(wide)
     mpi_op = {"avg": MPI.SUM}.get(op) or getattr(MPI, op.upper())
     if x.dtype == np.bool_:  # MPI defines only the logical ops on C bool
         mpi_op = {"band": MPI.LAND, "bor": MPI.LOR, "bxor": MPI.LXOR}.get(op, mpi_op)
-    comm.Allreduce(wide, out, mpi_op)
+    if watch is None:
+        comm.Allreduce(wide, out, mpi_op)
+    else:
+        watch.wait(lambda: comm.Iallreduce(wide, out, mpi_op), "mlcomm verify's reference",
+                   sleep=True)
     if op == "avg":
         out = out / comm.Get_size()
     return out
@@ -371,7 +378,7 @@ def verify(comm=None, algorithms=None, dtypes=None, ops=None, counts=None, seed=
                 inputs = [sample(dtype, op, count, r, seed) if by == rank or r == rank else None
                           for r in range(p)]
                 x = inputs[rank]
-                ref = {"want": reference(comm, x, op), "by": by}
+                ref = {"want": reference(comm, x, op, session.watch), "by": by}
                 if dtype.kind in "iub":
                     exact_reductions += 1
                 if rank == by and dtype.kind in "iub":
@@ -438,7 +445,8 @@ def _settle(comm, session, cases, by):
     p = session.size
     mine = np.array([[bool(c.problem), c.digest, c.library] for c in cases], np.int64)
     every = np.empty((p, *mine.shape), np.int64)
-    session.watch.wait(lambda: comm.Iallgather(mine, every), "mlcomm verify's verdicts")
+    session.watch.wait(lambda: comm.Iallgather(mine, every), "mlcomm verify's verdicts",
+                       sleep=True)
     texts = comm.allgather([c.problem for c in cases]) if every[:, :, 0].any() else None
     for k, case in enumerate(cases):
         row, flags = case.row, every[:, k]

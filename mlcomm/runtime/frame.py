@@ -17,7 +17,8 @@ import numpy as np
 
 from ..ir.program import WIDTH
 
-__all__ = ["DONE", "STALLED", "FAULTED", "SPIN_NS", "SLEEP_US", "MAX_TRANSPORTS", "Frame",
+__all__ = ["DONE", "STALLED", "FAULTED", "SPIN_NS", "SLEEP_US", "MESSAGE_SLEEP_FACTOR",
+           "MAX_TRANSPORTS", "Frame",
            "compiled_supports", "op_names", "op_code"]
 
 DONE, STALLED, FAULTED = 0, 1, 2
@@ -27,6 +28,11 @@ SPIN_NS = 50_000
 #: microseconds a WAIT sleeps on each poll once it has lasted its ``sleep_after`` (a sleeping
 #: rank leaves its core to the ranks that share it, which a yielding one does not)
 SLEEP_US = 20
+#: a wait on MPI messages (a transport that is not passive, or a watched wait) sleeps only
+#: once it has lasted this many times its ``sleep_after``: a request moves only while its
+#: rank polls it, so each sleep can hold a message up; a wait that long is a peer off its
+#: core for a time slice, whose end a poll every sleep still meets
+MESSAGE_SLEEP_FACTOR = 10
 
 # frame words
 F_CODE, F_NCODE, F_OP, F_ITEM, F_PC, F_STALL_NS, F_YIELD_MASK, F_WTIME, F_YIELD, F_TRANSPORT, \

@@ -20,9 +20,10 @@ A WAIT polls its transport; every ``yield_mask + 1`` polls it yields the CPU (ra
 outnumber cores) and reads the clock, so the stall check costs nothing on short waits; a
 wait longer than :data:`mlcomm.runtime.frame.SPIN_NS` yields on every poll (other jobs may share
 the cores), and a wait on a passive transport (one that watches memory its peers write)
-longer than the settings' ``sleep_after`` sleeps :data:`mlcomm.runtime.frame.SLEEP_US` on
-every poll instead: a yielding rank still takes its turns on a core that a rank at work
-needs, a sleeping one does not.
+longer than the settings' ``sleep_after``, or on another transport longer than
+:data:`mlcomm.runtime.frame.MESSAGE_SLEEP_FACTOR` times that, sleeps
+:data:`mlcomm.runtime.frame.SLEEP_US` on every poll instead: a yielding rank still takes its
+turns on a core that a rank at work needs, a sleeping one does not.
 """
 
 from __future__ import annotations
@@ -32,14 +33,15 @@ import time
 
 import numpy as np
 
-from .frame import DONE, F_OP, FAULTED, SLEEP_US, SPIN_NS, STALLED, Frame
+from .frame import (DONE, F_OP, FAULTED, MESSAGE_SLEEP_FACTOR, SLEEP_US, SPIN_NS, STALLED,
+                    Frame)
 from ..ir.program import COPY, REDUCE, REDUCE2, REDUCE3, START, WAIT
 from ..transport import FAULT
 
-__all__ = ["compiled_loop", "PythonLoop", "HostMemory"]
+__all__ = ["compiled_loop", "PythonLoop", "HostMemory", "rest"]
 
 
-def _rest(sleep_after: float, since: float, now: float) -> None:
+def rest(sleep_after: float, since: float, now: float) -> None:
     """A waiting rank's pause between polls: a yield of the CPU, or a sleep of
     :data:`mlcomm.runtime.frame.SLEEP_US` once the wait (from ``since`` to ``now``,
     seconds) has lasted ``sleep_after`` (0: never)."""
@@ -177,4 +179,5 @@ class PythonLoop:
                     if self.stall_seconds and now - since > self.stall_seconds:
                         self._wait_code = STALLED
                         return True
-                _rest(self.sleep_after if self.transports[transport].passive else 0, since, now)
+                rest(self.sleep_after * (1 if self.transports[transport].passive
+                                         else MESSAGE_SLEEP_FACTOR), since, now)

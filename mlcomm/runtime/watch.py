@@ -4,7 +4,10 @@ Setting a session up (the communicator's duplicate), agreeing on ``auto``'s choi
 timing its trial, making the node window, comparing calls under ``validate``, and
 ``mlcomm.Comm``'s hand-offs to the library all wait for every rank. Each waits here, on
 non-blocking MPI calls polled as a bound program's WAIT is: yielding the CPU (ranks may
-outnumber cores, and the MPI libraries spin in their blocking calls), and reporting a wait
+outnumber cores, and the MPI libraries spin in their blocking calls), or, in a wait for
+ranks still at work that nothing times (an agreement, the end of the job, ``mlcomm
+verify``'s), sleeping between polls once it has lasted the settings' ``sleep_after``
+as a passive transport's wait does; and reporting a wait
 longer than ``MLCOMM_STALL_SECONDS`` once, with the ranks that have not arrived, ending the
 job under ``MLCOMM_STALL_ABORT=1``.
 
@@ -32,6 +35,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .binding import Settings
+from .frame import MESSAGE_SLEEP_FACTOR
+from .loop import rest
 from ..transport.mpi.abort import abort_job
 
 __all__ = ["Watch", "world_roll", "mark"]
@@ -147,26 +152,29 @@ class Watch:
         self._where = roll if callable(roll) else (lambda: (roll, ranks))
         self.names = names
 
-    def wait(self, start, what: str, roll: bool = True, check=None):
+    def wait(self, start, what: str, roll: bool = True, check=None, sleep: bool = False):
         """Run the non-blocking collective ``start()`` returns (a request, or a list of
         them) and wait for it; ``what`` names the call in a stall report. ``roll=False``
         takes no roll call (every rank is known to be here: a stall names no one).
         ``check()``, if given, is called whenever the wait yields the CPU (it may end the
-        job)."""
+        job). ``sleep=True``: a wait for ranks still at work, neither timed nor repeated
+        in a loop of calls, which sleeps between polls once it has lasted the settings'
+        ``sleep_after`` (a sleeping rank's polls are tens of microseconds apart)."""
         join = (lambda: self._join(mark(what))) if roll and self.settings.stall_seconds > 0 \
             else (lambda: None)
         calls = [join()]  # this rank's part of the roll call, once it has one
         requests = start()
         requests = list(requests) if isinstance(requests, (list, tuple)) else [requests]
         try:
-            self._poll(requests, calls, join, what, check)
+            self._poll(requests, calls, join, what, check, self.settings.sleep_after * (
+                1 if sleep else MESSAGE_SLEEP_FACTOR))
         finally:
             if calls[0] is not None:
                 calls[0].end()
 
-    def barrier(self, comm, what: str, roll: bool = True):
+    def barrier(self, comm, what: str, roll: bool = True, sleep: bool = False):
         """Wait until every rank of ``comm`` (this watch's communicator) is here."""
-        self.wait(comm.Ibarrier, what, roll)
+        self.wait(comm.Ibarrier, what, roll, sleep=sleep)
 
     def _join(self, tag):
         """This rank's part of the roll call, or None where it cannot take one (yet)."""
@@ -175,19 +183,20 @@ class Watch:
             return None
         return _Roll(comm, ranks, self.rank, tag)
 
-    def _poll(self, requests, calls, join, what, check=None):
+    def _poll(self, requests, calls, join, what, check=None, sleep_after=0.0):
         settings = self.settings
         polls, spins, since, reported = settings.yield_mask + 1, 0, time.monotonic(), False
         limit = settings.stall_seconds
         while not MPI.Request.Testall(requests):
             spins += 1
             if spins % polls == 0 or spins > 64:
-                os.sched_yield()  # MPI requests move only while this rank polls them
+                now = time.monotonic()
+                rest(sleep_after, since, now)  # MPI requests move only while this rank polls
                 if calls[0] is None:
                     calls[0] = join()
                 if check is not None:
                     check()
-                if not reported and limit and time.monotonic() - since > limit:
+                if not reported and limit and now - since > limit:
                     reported = self._stalled(calls[0], what)
 
     def _stalled(self, call, what) -> bool:

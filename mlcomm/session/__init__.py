@@ -481,7 +481,7 @@ class Session:
     def agree(self, value, what="mlcomm's agreement across the ranks"):
         """Rank 0's ``value`` on every rank (collective; a watched wait until every rank is
         here, ``what`` naming it)."""
-        self.watch.barrier(self.comm, what)
+        self.watch.barrier(self.comm, what, sleep=True)
         return self.comm.bcast(value if self.rank == 0 else None, root=0)
 
     # auto's choices
@@ -695,7 +695,7 @@ def _end(session, failed, since):
 
     session.watch.wait(session.comm.Ibarrier, "the end of the job (this rank's script has "
                        "ended; every rank of the communicator meets here before "
-                       "MPI_Finalize)", check=check)
+                       "MPI_Finalize)", check=check, sleep=True)
 
 
 if MPI.Is_initialized() and not MPI.Is_finalized():  # an MPI_Finalize the script calls
