@@ -27,12 +27,12 @@ P = 3 and 6.4 s at P = 8 in all (single process, loaded machine, 2026-11-27), ag
 minutes for the job's MPI calls.
 
 Every result is also checked for the input's dtype and shape, an unchanged input, and the
-same bits on every rank. An algorithm's two calls (out of place, in place) run on every
-rank, then one gather of every rank's verdicts and digests, whatever happened locally, in
-a wait that leaves the CPU (a rank still at work may share its core: the wait, as the
-reference's, sleeps between polls where ranks outnumber the cores three to one, see
-``MLCOMM_SLEEP_AFTER_US``), so the ranks always enter the same collectives: a wrong result on one rank is a failure on all of them, never
-a hang.
+same bits on every rank. For each (dtype, op, count), every algorithm's two calls (out of
+place, in place) run on every rank, then one gather of every rank's verdicts and digests,
+whatever happened locally, in a wait that leaves the CPU (a rank still at work may share
+its core: the wait, as the reference's, sleeps between polls where ranks outnumber the
+cores three to one, see ``MLCOMM_SLEEP_AFTER_US``), so the ranks always enter the same
+collectives: a wrong result on one rank is a failure on all of them, never a hang.
 """
 
 from __future__ import annotations
@@ -386,9 +386,8 @@ def verify(comm=None, algorithms=None, dtypes=None, ops=None, counts=None, seed=
                     line = library_error(ref["want"], ref["exact"], op, p)
                     if line:
                         library.append((exact_reductions, line))
-                for name in names:
-                    _settle(comm, session,
-                            _run_case(rows[name, dname], comm, session, ref, x, op, inputs), by)
+                _settle(comm, session, [case for name in names for case in _run_case(
+                    rows[name, dname], comm, session, ref, x, op, inputs)], by)
     lines = sorted({item for lines in comm.allgather(library) for item in lines})
     return Report(list(rows.values()), [line for _, line in lines], exact_reductions)
 
@@ -440,7 +439,7 @@ def _run_case(row, comm, session, ref, x, op, inputs) -> list:
 def _settle(comm, session, cases, by):
     """Gather every rank's verdicts on ``cases`` (the same cases on every rank, in one
     order) and count them in their rows: one gather of numbers in a watched wait, which
-    yields the CPU to ranks still at work, and the problems' texts only when some rank met
+    leaves the CPU to ranks still at work, and the problems' texts only when some rank met
     one. ``by``: the rank whose result matched the references itself."""
     p = session.size
     mine = np.array([[bool(c.problem), c.digest, c.library] for c in cases], np.int64)
