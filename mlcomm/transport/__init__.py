@@ -68,7 +68,8 @@ class Transport:
     #: ``(context, start, test)`` addresses for the compiled loop, or None (Python loop only)
     compiled = None
     #: its waits need nothing of this rank (they watch memory its peers write), so a long
-    #: one may sleep; an MPI request moves only while its own rank polls it
+    #: one sleeps after ``sleep_after``; a wait on MPI requests, which move only while their
+    #: rank polls them, after ten times that (:data:`mlcomm.runtime.frame.MESSAGE_SLEEP_FACTOR`)
     passive = False
 
     def start(self, first: int, n: int) -> int:
