@@ -131,20 +131,17 @@ def sample(dtype, op, count, rank, seed=0):
     return x.astype(dtype)
 
 
-def reference(comm, x, op, watch=None):
+def reference(comm, x, op):
     """``MPI_Allreduce`` of ``x``; types MPI cannot reduce go through float64/complex128.
-    With ``watch`` (a :class:`mlcomm.runtime.watch.Watch` on ``comm``), its non-blocking
-    form in a watched wait that sleeps while ranks are still at work."""
+    Its non-blocking form, in a watched wait of ``comm``'s session that sleeps while ranks
+    are still at work (MPICH spins in the blocking call)."""
     wide = x.astype(np.float64) if x.dtype in _NARROW_FLOATS else x
     out = np.empty_like(wide)
     mpi_op = {"avg": MPI.SUM}.get(op) or getattr(MPI, op.upper())
     if x.dtype == np.bool_:  # MPI defines only the logical ops on C bool
         mpi_op = {"band": MPI.LAND, "bor": MPI.LOR, "bxor": MPI.LXOR}.get(op, mpi_op)
-    if watch is None:
-        comm.Allreduce(wide, out, mpi_op)
-    else:
-        watch.wait(lambda: comm.Iallreduce(wide, out, mpi_op), "mlcomm verify's reference",
-                   sleep=True)
+    session_of(comm).watch.wait(lambda: comm.Iallreduce(wide, out, mpi_op),
+                                "mlcomm verify's reference", sleep=True)
     if op == "avg":
         out = out / comm.Get_size()
     return out
@@ -365,7 +362,7 @@ def verify(comm=None, algorithms=None, dtypes=None, ops=None, counts=None, seed=
             plans[name, dname] = row_ops
     for dname in dtypes:
         dtype = _BY_NAME[dname]
-        groups = []  # (op, algorithms) of this dtype, each numbered over the whole matrix
+        groups = []  # (number over the whole matrix, op, algorithms) of this dtype
         for op in ops:
             names = [n for n in algorithms if op in plans[n, dname]]
             if names:
@@ -378,7 +375,7 @@ def verify(comm=None, algorithms=None, dtypes=None, ops=None, counts=None, seed=
                 inputs = [sample(dtype, op, count, r, seed) if by == rank or r == rank else None
                           for r in range(p)]
                 x = inputs[rank]
-                ref = {"want": reference(comm, x, op, session.watch), "by": by}
+                ref = {"want": reference(comm, x, op), "by": by}
                 if dtype.kind in "iub":
                     exact_reductions += 1
                 if rank == by and dtype.kind in "iub":

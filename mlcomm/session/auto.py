@@ -5,8 +5,9 @@ this number of ranks. Otherwise, for an all-reduce, it measures: the first call 
 size (to the power of two), element type and op times every candidate on scratch buffers
 of that size (at most :data:`TRIAL_BYTES`), and every later call in that band runs the
 fastest (:func:`agreed_choice`); below :data:`TRIAL_SHARED_BYTES` the band holds every op,
-and every integer dtype of the size, that can change nothing in the pick (:func:`_band_key`). ``MLCOMM_AUTO=model`` (or a device buffer on the direct
-path, or the other collectives) takes the cost model's prediction instead.
+and every integer dtype of the size, that can change nothing in the pick
+(:func:`_band_key`). ``MLCOMM_AUTO=model`` (or a device buffer on the direct path, or the
+other collectives) takes the cost model's prediction instead.
 """
 
 from __future__ import annotations
@@ -69,9 +70,8 @@ TRIAL_WARM_LARGE = 1
 TRIAL_TIE = 1.02
 #: below this many bytes a trial's pick holds for every op of its dtype, and every integer
 #: dtype of its size, that the same loop reduces and the library can reduce or not alike
-#: (:func:`_band_key`):
-#: there the ops differ by a fraction of a microsecond a call (8 KiB: 0.44-0.54 us a NumPy
-#: reduction, whichever op and dtype)
+#: (:func:`_band_key`): there the ops differ by a fraction of a microsecond a call (8 KiB:
+#: 0.44-0.54 us a NumPy reduction, whichever op and dtype)
 TRIAL_SHARED_BYTES = 8 << 10
 #: a variant (:data:`VARIANTS`) is chosen only where it times this much faster than the
 #: fastest default: the window's gain is small where the cores share a cache, its loss large
