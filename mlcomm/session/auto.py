@@ -55,7 +55,8 @@ TRIAL_PROBE_PRUNE = 1.5
 TRIAL_FINALISTS = 3
 #: the model's favourite goes on within this factor of the probe's fastest too: a probe
 #: right after a barrier can misjudge (at P = 4 on 2 cores it timed shared_memory 1.2-1.9x
-#: slower than ring at 1 MiB; at 16 MiB shared_memory is 1.4x faster)
+#: slower than ring at 1 MiB; at 16 MiB shared_memory is 1.4x faster), unless another form
+#: of it goes on (the library's non-blocking and blocking calls are one call)
 TRIAL_FAVOURITE_PRUNE = 2.0
 #: the fastest of each way of moving data (:func:`_way`) goes on within this factor: the
 #: library, the window and point-to-point messages each change protocol with the size (at
@@ -172,7 +173,7 @@ def plan_for(session, collective, name, count, dtype, op, options, alias=None):
 
 
 def agreed_choice(session, collective, count, dtype, op, *, device=False,
-                  flat=False) -> tuple:
+                  flat=False, buffers=None) -> tuple:
     """``auto``'s algorithm and its options for this call on ``session``, the same on every
     rank.
 
@@ -181,7 +182,9 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
     ``MLCOMM_AUTO=model`` the candidates to time; every rank then runs the same trial
     (:func:`_trial`), and its choice holds for the whole power-of-two size band. ``flat``:
     among the flat algorithms, for one rank per node (hierarchical's ``inter``). The options
-    are empty but for a variant the trial timed (:data:`VARIANTS`).
+    are empty but for a variant the trial timed (:data:`VARIANTS`). ``buffers``: the
+    call's own ``(input, output)`` where it is out of place, which a trial runs on instead
+    of arrays of its own (the output is written, the input only read).
     """
     p = len(session.nodes) if flat else session.size
     key = (collective, p, count, dtype.str, op, device, flat)
@@ -203,7 +206,7 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
             raise agreed
         choice, trial = agreed
         choice = (choice, ()) if choice is not None else \
-            _trial(session, trial, count, dtype, op)
+            _trial(session, trial, count, dtype, op, buffers)
         if trial:
             session.remember_choice(band, choice)
     session.remember_choice(key, choice)
@@ -251,7 +254,7 @@ def round_order(names, k) -> list:
     return [names[i] for i in np.random.default_rng(k).permutation(len(names))]
 
 
-def _trial(session, trial, count, dtype, op) -> tuple:
+def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     """Time the candidates on scratch buffers on every rank; return the fastest as ``(name,
     options)``, the same on every rank (every decision below is taken on times reduced to
     the slowest rank's, and on the slowest rank's clock).
@@ -261,7 +264,7 @@ def _trial(session, trial, count, dtype, op) -> tuple:
     candidates are first timed on a sixteenth of the size (:func:`_probe`), which leaves
     at most :data:`TRIAL_FINALISTS` (the fastest of each way of moving data, :func:`_way`,
     within :data:`TRIAL_WAY_PRUNE` of the fastest, then the fastest of the rest) and the
-    model's favourite. Each candidate left is called once at the full size to set
+    model's favourite, unless a form of it is among them. Each candidate left is called once at the full size to set
     up, then :data:`TRIAL_WARM` times (:data:`TRIAL_WARM_LARGE` after a probe), the fastest
     of those calls standing for it, the first included (setting up only adds to it); the
     :data:`TRIAL_FINALISTS` fastest and those within :data:`TRIAL_PRUNE` of the fastest are
@@ -271,12 +274,13 @@ def _trial(session, trial, count, dtype, op) -> tuple:
     budget would not hold another call of each (below TRIAL_PROBE_BYTES, after
     :data:`TRIAL_MIN_ROUNDS` rounds at least); the medians decide (:func:`trial_pick`), or
     the fastest calls where no round ran. An entry whose schedule is an earlier one's on
-    every rank is not timed. What it timed is kept in ``session.trials`` by band.
+    every rank is not timed. What it timed is kept in ``session.trials`` by band. It runs
+    on ``buffers`` (an out-of-place call's input and output) where given.
     """
     session.wait_started()
     began = time.perf_counter()
     n = max(1, min(count, TRIAL_BYTES // dtype.itemsize))
-    arena = _Arena(session, dtype)
+    arena = _Arena(session, dtype, buffers)
     sync = lambda: session.watch.barrier(session.comm, "auto's trial", roll=False)
     probes = [n // 16] if n * dtype.itemsize >= TRIAL_PROBE_BYTES else []
     record = {"probes": [int(m) for m in probes], "probed": [], "first": {}, "warm": {},
@@ -300,8 +304,9 @@ def _trial(session, trial, count, dtype, op) -> tuple:
         rest = [i for i in order
                 if i not in leaders and times[i] <= TRIAL_PROBE_PRUNE * times.min()]
         ranked = (leaders + rest)[:max(TRIAL_FINALISTS, len(leaders))]
-        if 0 not in ranked and times[0] <= TRIAL_FAVOURITE_PRUNE * times.min():
-            ranked.append(0)  # the model's favourite
+        if times[0] <= TRIAL_FAVOURITE_PRUNE * times.min() and \
+                all(trial[i][0] != trial[0][0] for i in ranked):
+            ranked.append(0)  # the model's favourite, unless a form of it goes on
         if len(ranked) == 1:
             return _decided(session, count, dtype, op, record, trial[ranked[0]], elapsed,
                             TRIAL_STEADY * n / m * times.min() + TRIAL_FLOOR)
@@ -385,14 +390,17 @@ def _decided(session, count, dtype, op, record, pick, elapsed, budget) -> tuple:
 
 class _Arena:
     """The trial's buffers, which its candidates share (they run one at a time): input and
-    output, written as a caller's are (pages never written all map the kernel's zero page,
-    and single-copy reads of it are slower than of written pages), and scratch, written
-    once; each grows to the largest call bound to it so far, and a call of ``m`` elements
-    runs on their first ``m``."""
+    output, the call's own where it is out of place (``buffers``), else written as a
+    caller's are (pages never written all map the kernel's zero page, and single-copy reads
+    of it are slower than of written pages), and scratch, written once; each grows to the
+    largest call bound to it so far, and a call of ``m`` elements runs on their first
+    ``m``."""
 
-    def __init__(self, session, dtype):
+    def __init__(self, session, dtype, buffers=None):
         self.session = session
         self.inp = self.out = self.scratch = np.zeros(0, dtype)
+        if buffers is not None:  # at 16 MiB, writing arrays of its own took 5-12 ms a rank
+            self.inp, self.out = buffers
 
     def reserve(self, plans, m):
         """Room for calls of ``m`` elements of ``plans``, touched, as a repeated call finds
