@@ -2,11 +2,11 @@
 
 ``auto`` takes the measured choice of ``mlcomm tune`` where the profile has one for
 this number of ranks. Otherwise, for an all-reduce, it measures: the first call of a new
-size (to the power of two), element type and op times every candidate on scratch buffers
-of that size (at most :data:`TRIAL_BYTES`), and every later call in that band runs the
-fastest (:func:`agreed_choice`); below :data:`TRIAL_SHARED_BYTES` the band holds every op,
-and every integer dtype of the size, that can change nothing in the pick
-(:func:`_band_key`). ``MLCOMM_AUTO=model`` (or a device buffer on the direct path, or the
+size (to the power of two) and element type times every candidate on buffers of that
+size (at most :data:`TRIAL_BYTES`), and every later call in that band runs the fastest
+(:func:`agreed_choice`), whatever its op, unless the op changes which loop reduces it or
+whether the library can; below :data:`TRIAL_SHARED_BYTES` the band holds every integer
+dtype of the size too (:func:`_band_key`). ``MLCOMM_AUTO=model`` (or a device buffer on the direct path, or the
 other collectives) takes the cost model's prediction instead.
 """
 
@@ -69,10 +69,12 @@ TRIAL_WARM = 3
 TRIAL_WARM_LARGE = 1
 #: measured times within this factor of the fastest count as a tie (the model's order breaks it)
 TRIAL_TIE = 1.02
-#: below this many bytes a trial's pick holds for every op of its dtype, and every integer
-#: dtype of its size, that the same loop reduces and the library can reduce or not alike
-#: (:func:`_band_key`): there the ops differ by a fraction of a microsecond a call (8 KiB:
-#: 0.44-0.54 us a NumPy reduction, whichever op and dtype)
+#: a trial's pick holds for every op of its dtype that the same loop reduces and the library
+#: can reduce or not alike (:func:`_band_key`): every candidate reduces about the same
+#: elements, so an op's cost moves them alike (at P = 2, 256 KiB and 16 MiB, sum, max and
+#: prod ranked shared_memory, ring, recursive_halving_doubling and naive alike); below this
+#: many bytes, for every integer dtype of its size too, where a reduction costs a fraction
+#: of a microsecond (8 KiB: 0.44-0.54 us, whichever op and dtype)
 TRIAL_SHARED_BYTES = 8 << 10
 #: a variant (:data:`VARIANTS`) is chosen only where it times this much faster than the
 #: fastest default: the window's gain is small where the cores share a cache, its loss large
@@ -449,18 +451,15 @@ def _slowest(session, times, began) -> tuple:
 
 def _band_key(count, dtype, op) -> tuple:
     """The key of an all-reduce's size band in ``session.trials``, and of the choice its
-    trial made: the power of two of its bytes, with its dtype and op; below
-    :data:`TRIAL_SHARED_BYTES`, with only what can change the pick there: the dtype, or for
-    integers and bool only their size (a float's kernel may convert each element: float16
-    and bfloat16 through float32), whether the compiled loop reduces the pair (the Python
-    loop's steps cost microseconds) and whether the library's ``MPI_Allreduce`` is a
-    candidate."""
+    trial made: the power of two of its bytes, with only what can change the pick: the
+    dtype (below :data:`TRIAL_SHARED_BYTES`, for integers and bool only their size; a
+    float's kernel may convert each element: float16 and bfloat16 through float32), whether
+    the compiled loop reduces the pair (the Python loop's steps cost microseconds) and
+    whether the library's ``MPI_Allreduce`` is a candidate. The op is not in it."""
     nbytes = count * dtype.itemsize
-    if nbytes < TRIAL_SHARED_BYTES:
-        alike = dtype.itemsize if dtype.kind in "iub" else dtype.str
-        return nbytes.bit_length(), alike, compiled_supports(dtype, op), \
-            library_supports(dtype, op)
-    return nbytes.bit_length(), dtype.str, op
+    small = nbytes < TRIAL_SHARED_BYTES and dtype.kind in "iub"
+    return nbytes.bit_length(), dtype.itemsize if small else dtype.str, \
+        compiled_supports(dtype, op), library_supports(dtype, op)
 
 
 def _way(name) -> str:

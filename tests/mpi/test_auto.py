@@ -56,12 +56,12 @@ def test_measured_once_per_band_same_everywhere_exact(fresh, monkeypatch, count)
     agree(len(_bands(s)) == (1 if same_band else 2), str(_bands(s)))
 
 
-def test_a_small_band_is_timed_once_for_every_op_and_dtype_of_its_element_size(fresh,
-                                                                               monkeypatch):
-    """Below TRIAL_SHARED_BYTES one trial decides every op of the dtype, and every integer
-    dtype of its size, that the same loop reduces and the library reduces or not alike;
-    integers after floats, a dtype the library cannot reduce (bfloat16), a new element size
-    or 8 KiB and more time again. Every result is exact."""
+def test_a_band_is_timed_once_for_its_ops_and_below_8k_for_integers_of_its_size(
+        fresh, monkeypatch):
+    """One trial decides every op of the dtype that the same loop reduces and the library
+    reduces or not alike, and below TRIAL_SHARED_BYTES every integer dtype of its size;
+    integers after floats, a dtype the library cannot reduce (bfloat16), a new element size,
+    or from 8 KiB another integer dtype of the size, time again. Every result is exact."""
     monkeypatch.delenv("MLCOMM_AUTO", raising=False)
     comm, s = fresh
     if P == 1:
@@ -72,7 +72,9 @@ def test_a_small_band_is_timed_once_for_every_op_and_dtype_of_its_element_size(f
     calls = [(np.float32, "sum", 1), (np.float32, "max", 0), (np.int32, "max", 1),
              (np.uint32, "bxor", 0), (np.float32, "min", 0), (np.int32, "sum", 0),
              (np.int16, "sum", 1), (ml_dtypes.bfloat16, "sum", 1),
-             (np.float32, "sum", 1, 3000), (np.int32, "min", 1, 3000)]
+             (np.float32, "sum", 1, 3000), (np.int32, "min", 1, 3000),
+             (np.float32, "max", 0, 3000), (np.int32, "bxor", 0, 3000),
+             (np.uint32, "max", 1, 3000)]
     for dtype, op, timed, *count in calls:
         y = (np.arange(count[0]) % 7 + RANK if count else x).astype(dtype)
         before = len(trials)
