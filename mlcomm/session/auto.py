@@ -41,8 +41,8 @@ TRIAL_ROUNDS = 5
 TRIAL_MIN_ROUNDS = 2
 TRIAL_BLOCK_SECONDS = 200e-6
 #: a candidate whose warm calls are this much slower than the fastest is not timed further
-#: unless it is among the TRIAL_FINALISTS fastest; one whose median is this much slower
-#: than the best median leaves after its round
+#: unless it is among the TRIAL_FINALISTS fastest or the model's favourite; one whose median
+#: is this much slower than the best median leaves after its round
 TRIAL_PRUNE = 1.5
 TRIAL_DROP = 1.25
 #: from this many bytes on, the candidates are first timed on a sixteenth of the size, each
@@ -269,8 +269,8 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     model's favourite, unless a form of it is among them. Each candidate left is called once at the full size to set
     up, then :data:`TRIAL_WARM` times (:data:`TRIAL_WARM_LARGE` after a probe), the fastest
     of those calls standing for it, the first included (setting up only adds to it); the
-    :data:`TRIAL_FINALISTS` fastest and those within :data:`TRIAL_PRUNE` of the fastest are
-    then timed in rounds of interleaved blocks (a block lasts at least
+    :data:`TRIAL_FINALISTS` fastest, those within :data:`TRIAL_PRUNE` of the fastest and the
+    model's favourite are then timed in rounds of interleaved blocks (a block lasts at least
     :data:`TRIAL_BLOCK_SECONDS`), each round dropping those whose median is
     :data:`TRIAL_DROP` slower than the best, until one is left, the rounds are done or the
     budget would not hold another call of each (below TRIAL_PROBE_BYTES, after
@@ -338,8 +338,11 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
         basis = np.minimum(first, warmed)
         budget = TRIAL_STEADY * basis.min() + TRIAL_FLOOR
         ranked = np.argsort(basis, kind="stable")
-        alive = sorted(i for k, i in enumerate(ranked)
-                       if k < TRIAL_FINALISTS or basis[i] <= TRIAL_PRUNE * basis.min())
+        # and the model's favourite (first): single calls of ranks that share cores are
+        # noise (P = 4 on 2 cores, 8 B: shared_memory's fastest of four took 14-74 us, its
+        # rounds' median 8, and it was left out in 2 of 4 trials)
+        alive = sorted({0} | {i for k, i in enumerate(ranked)
+                              if k < TRIAL_FINALISTS or basis[i] <= TRIAL_PRUNE * basis.min()})
         samples = {i: [] for i in alive}
         estimate = basis.copy()
         calls = np.zeros(len(trial), np.int64)
