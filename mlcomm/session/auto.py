@@ -6,8 +6,8 @@ size (to the power of two) and element type times every candidate on buffers of 
 size (at most :data:`TRIAL_BYTES`), and every later call in that band runs the fastest
 (:func:`agreed_choice`), whatever its op, unless the op changes which loop reduces it or
 whether the library can; below :data:`TRIAL_SHARED_BYTES` the band holds every integer
-dtype of the size too (:func:`_band_key`). ``MLCOMM_AUTO=model`` (or a device buffer on the direct path, or the
-other collectives) takes the cost model's prediction instead.
+dtype of the size too (:func:`_band_key`). ``MLCOMM_AUTO=model`` (or a device buffer on
+the direct path, or the other collectives) takes the cost model's prediction instead.
 """
 
 from __future__ import annotations
@@ -257,27 +257,28 @@ def round_order(names, k) -> list:
 
 
 def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
-    """Time the candidates on scratch buffers on every rank; return the fastest as ``(name,
-    options)``, the same on every rank (every decision below is taken on times reduced to
-    the slowest rank's, and on the slowest rank's clock).
+    """Time the candidates on every rank; return the fastest as ``(name, options)``, the same
+    on every rank (every decision below is taken on times reduced to the slowest rank's, and
+    on the slowest rank's clock).
 
     The trial, set-up included, aims at a budget: :data:`TRIAL_STEADY` calls of its fastest
     candidate plus :data:`TRIAL_FLOOR` seconds. From :data:`TRIAL_PROBE_BYTES` on, the
-    candidates are first timed on a sixteenth of the size (:func:`_probe`), which leaves
-    at most :data:`TRIAL_FINALISTS` (the fastest of each way of moving data, :func:`_way`,
+    candidates are first timed on a sixteenth of the size (:func:`_probe`), which leaves at
+    most :data:`TRIAL_FINALISTS` (the fastest of each way of moving data, :func:`_way`,
     within :data:`TRIAL_WAY_PRUNE` of the fastest, then the fastest of the rest) and the
-    model's favourite, unless a form of it is among them. Each candidate left is called once at the full size to set
-    up, then :data:`TRIAL_WARM` times (:data:`TRIAL_WARM_LARGE` after a probe), the fastest
-    of those calls standing for it, the first included (setting up only adds to it); the
-    :data:`TRIAL_FINALISTS` fastest, those within :data:`TRIAL_PRUNE` of the fastest and the
-    model's favourite are then timed in rounds of interleaved blocks (a block lasts at least
-    :data:`TRIAL_BLOCK_SECONDS`), each round dropping those whose median is
-    :data:`TRIAL_DROP` slower than the best, until one is left, the rounds are done or the
-    budget would not hold another call of each (below TRIAL_PROBE_BYTES, after
-    :data:`TRIAL_MIN_ROUNDS` rounds at least); the medians decide (:func:`trial_pick`), or
-    the fastest calls where no round ran. An entry whose schedule is an earlier one's on
-    every rank is not timed. What it timed is kept in ``session.trials`` by band. It runs
-    on ``buffers`` (an out-of-place call's input and output) where given.
+    model's favourite, unless a form of it is among them. Each candidate left is called once
+    at the full size to set up, then :data:`TRIAL_WARM` times (:data:`TRIAL_WARM_LARGE`
+    after a probe), the fastest of those calls standing for it, the first included (setting
+    up only adds to it); the :data:`TRIAL_FINALISTS` fastest, those within
+    :data:`TRIAL_PRUNE` of the fastest and the model's favourite are then timed in rounds of
+    interleaved blocks (a block lasts at least :data:`TRIAL_BLOCK_SECONDS`), each round
+    dropping those whose median is :data:`TRIAL_DROP` slower than the best, until one is
+    left, the rounds are done or the budget would not hold another call of each (below
+    TRIAL_PROBE_BYTES, after :data:`TRIAL_MIN_ROUNDS` rounds at least); the medians decide
+    (:func:`trial_pick`), or the fastest calls where no round ran. An entry whose schedule
+    is an earlier one's on every rank is not timed. What it timed is kept in
+    ``session.trials`` by band. It runs on ``buffers`` (an out-of-place call's input and
+    output) where given.
     """
     session.wait_started()
     began = time.perf_counter()
