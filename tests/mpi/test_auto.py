@@ -251,10 +251,12 @@ def test_an_out_of_place_first_call_is_timed_on_its_own_buffers(monkeypatch):
         x = (np.arange(count) % 11 + RANK).astype(np.int32)
         kept = x.copy()
         tracemalloc.start()
-        got = mlcomm.allreduce(mlcomm.IN_PLACE, x, comm=comm) if in_place else \
-            mlcomm.allreduce(x, comm=comm)
-        peaks[in_place] = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
+        try:
+            got = mlcomm.allreduce(mlcomm.IN_PLACE, x, comm=comm) if in_place else \
+                mlcomm.allreduce(x, comm=comm)
+            peaks[in_place] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
         want = (np.arange(count) % 11 * P + P * (P - 1) // 2).astype(np.int32)
         agree(np.array_equal(got, want), f"in place {in_place}: differs from the exact sum")
         agree(in_place or np.array_equal(x, kept), "the trial wrote the caller's input")
