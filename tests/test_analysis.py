@@ -404,6 +404,32 @@ def test_the_library_is_one_of_the_trials_candidates(monkeypatch):
         assert entries == ([("mpi", ()), ("mpi", BLOCKING)] if library else []), (dtype, op)
 
 
+def test_a_probed_size_leaves_out_what_the_model_predicts_far_slower(monkeypatch):
+    """From TRIAL_PROBE_BYTES the trial leaves out the candidates the model predicts
+    TRIAL_MODEL_PRUNE times slower than its favourite, never the library's call; below it,
+    where latencies the model may misjudge weigh most, it times every candidate."""
+    import numpy as np
+    from mlcomm.model.cost import explain
+    from mlcomm.session import auto
+    monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
+    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
+    f32, nodes = np.dtype(np.float32), (tuple(range(16)),)
+    for nbytes in (auto.TRIAL_PROBE_BYTES // 2, auto.TRIAL_PROBE_BYTES, 16 << 20):
+        _, trial = auto._propose("allreduce", 16, nbytes // 4, f32, "sum", nodes, False, False)
+        names = {name for name, _ in trial}
+        _, times, _ = explain(16, nbytes, itemsize=4, nodes=nodes, candidates=sorted(names))
+        every = set(auto.auto_candidates(16, nodes)) | {"hierarchical", "mpi"}
+        left_out = every - names
+        if nbytes < auto.TRIAL_PROBE_BYTES:
+            assert not left_out, (nbytes, left_out)
+            continue
+        assert {"naive", "single_master"} <= left_out and "mpi" in names, (nbytes, names)
+        _, all_times, _ = explain(16, nbytes, itemsize=4, nodes=nodes, candidates=sorted(every))
+        best = min(all_times.values())
+        assert all(all_times[n] > auto.TRIAL_MODEL_PRUNE * best for n in left_out), nbytes
+        assert all(times[n] <= auto.TRIAL_MODEL_PRUNE * best for n in names - {"mpi"}), nbytes
+
+
 def test_a_variant_must_win_by_the_margin():
     """The trial keeps an algorithm's defaults unless a variant (shared_memory through its
     window) is faster by VARIANT_MARGIN; among defaults a near-tie goes to the model's

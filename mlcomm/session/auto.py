@@ -47,10 +47,10 @@ TRIAL_PRUNE = 1.5
 TRIAL_DROP = 1.25
 #: from this many bytes on, the candidates are first timed on a sixteenth of the size, each
 #: the fastest of TRIAL_PROBE_CALLS calls (the window's algorithms alternate two sets of
-#: areas, each slow on its first use); at most TRIAL_FINALISTS of those within
-#: TRIAL_PROBE_PRUNE of the fastest go on to the full size
+#: areas, each slow on its first use: the third call is the first warm one); at most
+#: TRIAL_FINALISTS of those within TRIAL_PROBE_PRUNE of the fastest go on to the full size
 TRIAL_PROBE_BYTES = 1 << 20
-TRIAL_PROBE_CALLS = 4
+TRIAL_PROBE_CALLS = 3
 TRIAL_PROBE_PRUNE = 1.5
 TRIAL_FINALISTS = 3
 #: the model's favourite goes on within this factor of the probe's fastest too: a probe
@@ -67,6 +67,17 @@ TRIAL_WAY_PRUNE = 3.0
 #: is mostly set-up); from TRIAL_PROBE_BYTES, of TRIAL_WARM_LARGE
 TRIAL_WARM = 3
 TRIAL_WARM_LARGE = 1
+#: after a probe, a candidate whose first call takes this much longer than the fastest call
+#: before it (in the model's order) is not called again: setting up adds less (at P = 4 and
+#: 16 MiB on 2 cores, shared_memory's first calls took 9-13 ms, its second 8-10; the
+#: library's 24-30 and 17-26, a quarter of the trial)
+TRIAL_SLOW_FIRST = 2.0
+#: from TRIAL_PROBE_BYTES, where the model's times are its bandwidth terms (bytes moved and
+#: reduced, which the layout fixes), a candidate it predicts this much slower than its
+#: favourite is not timed at all, the library's call apart (at P = 4 and 16 MiB on 2 cores
+#: it predicted naive 3.7x, single_master 4.9x, and the probe timed them 2.3-2.6x and
+#: 1.9-2.1x; at P = 16 it predicts 16x and 22x)
+TRIAL_MODEL_PRUNE = 3.0
 #: measured times within this factor of the fastest count as a tie (the model's order breaks it)
 TRIAL_TIE = 1.02
 #: a trial's pick holds for every op of its dtype that the same loop reduces and the library
@@ -242,6 +253,9 @@ def _propose(collective, p, count, dtype, op, nodes, device, flat):
     _log_prediction(p, nbytes, choice, times, profile)
     variants = lambda name: ((),) + tuple(VARIANTS.get(name, lambda _: ())(nbytes))
     ranked = sorted(times, key=times.get)
+    if nbytes >= TRIAL_PROBE_BYTES:
+        ranked = [name for name in ranked if name == MPI_NATIVE
+                  or times[name] <= TRIAL_MODEL_PRUNE * times[ranked[0]]]
     if profile.tuned_choice(p, nbytes) == choice:
         if len(variants(choice)) == 1:
             return choice, None
@@ -266,14 +280,17 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     candidates are first timed on a sixteenth of the size (:func:`_probe`), which leaves at
     most :data:`TRIAL_FINALISTS` (the fastest of each way of moving data, :func:`_way`,
     within :data:`TRIAL_WAY_PRUNE` of the fastest, then the fastest of the rest) and the
-    model's favourite, unless a form of it is among them. Each candidate left is called once
-    at the full size to set up, then :data:`TRIAL_WARM` times (:data:`TRIAL_WARM_LARGE`
-    after a probe), the fastest of those calls standing for it, the first included (setting
-    up only adds to it); the :data:`TRIAL_FINALISTS` fastest, those within
-    :data:`TRIAL_PRUNE` of the fastest and the model's favourite are then timed in rounds of
-    interleaved blocks (a block lasts at least :data:`TRIAL_BLOCK_SECONDS`), each round
-    dropping those whose median is :data:`TRIAL_DROP` slower than the best, until one is
-    left, the rounds are done or the budget would not hold another call of each (below
+    model's favourite, unless a form of it is among them (and none the model predicts
+    :data:`TRIAL_MODEL_PRUNE` slower is probed). Each candidate left is called once at the
+    full size to set up, then :data:`TRIAL_WARM` times (:data:`TRIAL_WARM_LARGE` after a
+    probe, and not at all where that first call took :data:`TRIAL_SLOW_FIRST` times the
+    fastest call before it), the fastest of those calls standing for it, the first included
+    (setting up only adds to it); of those called again, the :data:`TRIAL_FINALISTS`
+    fastest, those within :data:`TRIAL_PRUNE` of the fastest and the model's favourite are
+    then timed in rounds of interleaved blocks (a block lasts at least
+    :data:`TRIAL_BLOCK_SECONDS`), each round dropping those whose median is
+    :data:`TRIAL_DROP` slower than the best, until one is left, the rounds are done or the
+    budget, less the call to come, would not hold another call of each (below
     TRIAL_PROBE_BYTES, after :data:`TRIAL_MIN_ROUNDS` rounds at least); the medians decide
     (:func:`trial_pick`), or the fastest calls where no round ran. An entry whose schedule
     is an earlier one's on every rank is not timed. What it timed is kept in
@@ -325,30 +342,32 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
         sync()
         for i, entry in enumerate(trial):
             bindings[i] = arena.bind(plans[entry], n)
-            for j in range(1 + warm):
-                start = time.perf_counter()
-                bindings[i].run()
-                took = time.perf_counter() - start
-                if j:
-                    basis[i] = min(basis[i], took)
-                else:
-                    first[i] = took
+            first[i] = _timed(bindings[i].run)
+            if probes:  # the slowest rank's, as are the calls before: every rank skips alike
+                first[:i + 1], basis[:i] = np.split(_slowest(
+                    session, np.concatenate([first[:i + 1], basis[:i]]), began)[0], [i + 1])
+                if first[i] >= TRIAL_SLOW_FIRST * np.minimum(first[:i], basis[:i]).min(
+                        initial=np.inf):
+                    continue
+            basis[i] = min(_timed(bindings[i].run) for _ in range(warm))
         both, elapsed = _slowest(session, np.concatenate([first, basis]), began)
         first, warmed = both[:len(trial)], both[len(trial):]
         # setting up only adds to a first call: where it was the faster, it stands
         basis = np.minimum(first, warmed)
         budget = TRIAL_STEADY * basis.min() + TRIAL_FLOOR
+        # the call after the trial binds its pick anew: the rounds leave it that much
+        coming = first[np.argmin(basis)]
         ranked = np.argsort(basis, kind="stable")
         # and the model's favourite (first): single calls of ranks that share cores are
         # noise (P = 4 on 2 cores, 8 B: shared_memory's fastest of four took 14-74 us, its
         # rounds' median 8, and it was left out in 2 of 4 trials)
-        alive = sorted({0} | {i for k, i in enumerate(ranked)
-                              if k < TRIAL_FINALISTS or basis[i] <= TRIAL_PRUNE * basis.min()})
+        alive = sorted({0} | {i for k, i in enumerate(ranked) if warmed[i] < np.inf and (
+            k < TRIAL_FINALISTS or basis[i] <= TRIAL_PRUNE * basis.min())})
         samples = {i: [] for i in alive}
         estimate = basis.copy()
         calls = np.zeros(len(trial), np.int64)
         for r in range(TRIAL_ROUNDS):
-            one_each, left = sum(estimate[i] for i in alive), budget - elapsed
+            one_each, left = sum(estimate[i] for i in alive), budget - coming - elapsed
             if len(alive) == 1 or left < one_each and (probes or r >= TRIAL_MIN_ROUNDS):
                 break
             block = max(TRIAL_BLOCK_SECONDS, left / (TRIAL_ROUNDS - r) / len(alive))
@@ -374,7 +393,7 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     pick = alive[trial_pick([trial[i][1] for i in alive], [estimate[i] for i in alive])]
     labels = [_label_of(entry) for entry in trial]
     record.update(first=dict(zip(labels, first.tolist())),
-                  warm=dict(zip(labels, warmed.tolist())),
+                  warm={label: t for label, t in zip(labels, warmed.tolist()) if t < np.inf},
                   calls=dict(zip(labels, calls.tolist())),
                   median={labels[i]: estimate[i] for i in range(len(trial)) if calls[i]})
     if session.rank == 0 and config.debug():
@@ -434,13 +453,17 @@ def _probe(arena, plans, m, sync) -> np.ndarray:
         binding = arena.bind(plan, m)
         try:
             sync()
-            for _ in range(TRIAL_PROBE_CALLS):
-                start = time.perf_counter()
-                binding.run()
-                times[i] = min(times[i], time.perf_counter() - start)
+            times[i] = min(_timed(binding.run) for _ in range(TRIAL_PROBE_CALLS))
         finally:
             binding.free()
     return times
+
+
+def _timed(run) -> float:
+    """The seconds one ``run()`` takes."""
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
 
 
 def _slowest(session, times, began) -> tuple:

@@ -266,6 +266,50 @@ def test_an_out_of_place_first_call_is_timed_on_its_own_buffers(monkeypatch):
           f"out of place {peaks[False]} bytes at the peak, in place {peaks[True]}")
 
 
+def test_after_a_probe_a_slow_first_call_is_not_called_again(fresh, monkeypatch):
+    """After a probe, a candidate whose first call at the full size takes TRIAL_SLOW_FIRST
+    times the fastest call before it (here the second of two, made 0.2 s slower) is called
+    no more: no warm call, no round. Every rank skips it alike; the result is exact."""
+    import time
+    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
+    monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
+    monkeypatch.setattr(auto, "auto_candidates", lambda p, nodes: ["ring", "naive"])
+    monkeypatch.setattr(auto, "library_supports", lambda dtype, op: False)
+    # an even probe: both go on to the full size, in the model's order
+    monkeypatch.setattr(auto, "_probe", lambda arena, plans, m, sync: np.ones(len(plans)))
+    comm, s = fresh
+    if P == 1:
+        pytest.skip("needs two ranks")
+    count = auto.TRIAL_PROBE_BYTES // 4
+    order, calls, bind = [], {}, auto._Arena.bind
+
+    def counted(arena, plan, m):
+        binding = bind(arena, plan, m)
+        if m == count:
+            order.append(plan.algorithm)
+            run, late = binding.run, len(order) == 2
+
+            def run_counted():
+                calls[plan.algorithm] = calls.get(plan.algorithm, 0) + 1
+                if late and RANK == P - 1:  # one rank's: the decision is the slowest's
+                    time.sleep(0.2)
+                run()
+            binding.run = run_counted
+        return binding
+
+    monkeypatch.setattr(auto._Arena, "bind", counted)
+    x = (np.arange(count) % 7 + RANK).astype(np.int32)
+    got = mlcomm.allreduce(x, comm=comm)
+    agree(np.array_equal(got, np.arange(count) % 7 * P + P * (P - 1) // 2), "not the exact sum")
+    record = s.trials[auto._band_key(count, x.dtype, "sum")]
+    agree(len(order) == 2, f"both candidates at the full size: {order} {record}")
+    slow, fast = order[1], order[0]
+    agree(calls[slow] == 1 and record["calls"][slow] == 0 and slow not in record["warm"],
+          f"{slow} was called again after its slow first call: {calls} {record}")
+    agree(calls[fast] >= 1 + auto.TRIAL_WARM_LARGE and record["pick"] == fast,
+          f"{fast}: {calls} {record}")
+
+
 def test_the_models_favourite_is_timed_in_the_rounds_whatever_its_single_calls(fresh,
                                                                                monkeypatch):
     """Single calls of ranks that share cores are noise, so the model's favourite goes on to
