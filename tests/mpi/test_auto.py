@@ -275,6 +275,7 @@ def test_after_a_probe_a_slow_first_call_is_not_called_again(fresh, monkeypatch)
     monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
     monkeypatch.setattr(auto, "auto_candidates", lambda p, nodes: ["ring", "naive"])
     monkeypatch.setattr(auto, "library_supports", lambda dtype, op: False)
+    monkeypatch.setattr(auto, "TRIAL_MODEL_PRUNE", float("inf"))  # naive, at any P
     # an even probe: both go on to the full size, in the model's order
     monkeypatch.setattr(auto, "_probe", lambda arena, plans, m, sync: np.ones(len(plans)))
     comm, s = fresh
