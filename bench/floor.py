@@ -1,5 +1,5 @@
 """The physical floor under an intra-node all-reduce: a cache-line round trip between two
-cores, and one memcpy of the vector.
+cores, one memcpy of the vector, and a hand-off of it between the two cores.
 
     python bench/floor.py                          # cores 0 and 1; 8 B, 64 KiB, 16 MiB
     python bench/floor.py --cores 0,8 -s 8,64K,1M,16M
@@ -10,6 +10,15 @@ node window uses for its flags); the time per exchange is the best of ``--repeat
 ``--rounds`` exchanges. The memcpy: ``numpy.copyto`` of the vector into another buffer, the
 median of timed copies, on one core. Both are the least one rank's data can cost to reach
 another, so an all-reduce of that size can be no faster than about the larger of the two.
+
+The hand-off is the window's write-once, read-by-all all-reduce of two ranks with nothing
+else: each process copies its vector into its own area of shared memory, raises its flag,
+waits for the other's, adds the other's area to its vector into an output, and raises its
+flag again; the time per exchange is the best of ``--repeats`` runs. It runs with one area
+per process, as a window reuses its slots call after call, and with areas that rotate over
+``--area`` bytes a process: a store to a line the other core has read must take it back
+first, and on a 2-core EPYC that made the copy in 2.5-4x slower than the copy into lines the
+other core had not read for many calls (docs/performance.rst).
 """
 
 from __future__ import annotations
@@ -82,6 +91,72 @@ def round_trip(cores, rounds, repeats) -> float:
         shm.unlink()
 
 
+@njit(cache=True)
+def _hand_off(mine, theirs, src, areas, other, out, first, last):
+    for i in range(first, last):
+        area = areas[i % areas.shape[0]]
+        for j in range(src.size):
+            area[j] = src[j]
+        store_release(mine, 2 * i)
+        while load_acquire(theirs) < 2 * i:
+            pass
+        read = other[i % other.shape[0]]
+        for j in range(src.size):
+            out[j] = src[j] + read[j]
+        store_release(mine, 2 * i + 1)
+        while load_acquire(theirs) < 2 * i + 1:
+            pass
+
+
+def _hand_off_side(name, core, lead, nbytes, areas, rounds, repeats, results):
+    os.sched_setaffinity(0, {core})
+    shm = shared_memory.SharedMemory(name)
+    try:
+        raw = np.frombuffer(shm.buf, np.uint8)
+        flags = raw[:2 * LINE].ctypes.data
+        mine, theirs = (flags, flags + LINE) if lead else (flags + LINE, flags)
+        slots = raw[2 * LINE:].view(np.float32).reshape(2, areas, nbytes // 4)
+        own, other = (slots[0], slots[1]) if lead else (slots[1], slots[0])
+        src, out = np.ones(nbytes // 4, np.float32), np.empty(nbytes // 4, np.float32)
+        _hand_off(mine, theirs, src, own, other, out, 1, 1 + 2 * areas)  # warm on both sides
+        best, first = float("inf"), 1 + 2 * areas
+        for _ in range(repeats):
+            t = time.perf_counter()
+            _hand_off(mine, theirs, src, own, other, out, first, first + rounds)
+            best = min(best, (time.perf_counter() - t) / rounds)
+            first += rounds
+        if lead:
+            results.put(best if np.all(out == 2) else float("nan"))
+    finally:
+        del raw, slots, own, other
+        shm.close()
+
+
+def hand_off(cores, nbytes, areas, rounds, repeats) -> float:
+    """Seconds per hand-off of ``nbytes`` each way between ``cores`` (see the module
+    docstring), through ``areas`` areas a process taken in turn; at most ``rounds`` a run,
+    and 256 MiB of vector."""
+    nbytes = max(4, nbytes - nbytes % 4)
+    rounds = max(20, min(rounds, (256 << 20) // nbytes))
+    shm = shared_memory.SharedMemory(create=True, size=2 * LINE + 2 * areas * nbytes)
+    try:
+        np.frombuffer(shm.buf, np.int64, count=2 * LINE // 8)[:] = 0
+        results = mp.get_context("fork").Queue()
+        procs = [mp.get_context("fork").Process(
+            target=_hand_off_side, args=(shm.name, core, lead, nbytes, areas, rounds, repeats,
+                                         results))
+            for core, lead in zip(cores, (True, False))]
+        for proc in procs:
+            proc.start()
+        best = results.get(timeout=300)
+        for proc in procs:
+            proc.join()
+        return best
+    finally:
+        shm.close()
+        shm.unlink()
+
+
 def memcpy(nbytes, core) -> float:
     """Median seconds of ``numpy.copyto`` of ``nbytes`` into another buffer, on ``core``."""
     os.sched_setaffinity(0, {core})
@@ -101,8 +176,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cores", default="0,1", help="the two cores (default 0,1)")
     ap.add_argument("-s", "--sizes", default="8,64K,16M", help="memcpy sizes")
-    ap.add_argument("--rounds", type=int, default=100000, help="exchanges per run")
+    ap.add_argument("--rounds", type=int, default=100000,
+                    help="exchanges per run (hand-offs: at most 256 MiB of vector a run)")
     ap.add_argument("--repeats", type=int, default=5, help="runs; the best counts")
+    ap.add_argument("--area", default="4M",
+                    help="the bytes a process's rotating hand-off areas span (default 4M)")
     args = ap.parse_args(argv)
     cores = [int(c) for c in args.cores.split(",")]
     if len(cores) != 2:
@@ -112,8 +190,16 @@ def main(argv=None) -> int:
         ap.error(f"--cores {args.cores}: this process may run on cores {sorted(available)}")
     rtt = round_trip(cores, args.rounds, args.repeats)
     print(f"cache-line round trip, cores {cores[0]} and {cores[1]}: {rtt * 1e6:.3f} us")
+    area = parse_size(args.area)
     for nbytes in (parse_size(s) for s in args.sizes.split(",")):
-        print(f"memcpy of {format_size(nbytes)} bytes: {memcpy(nbytes, cores[0]) * 1e6:.3f} us")
+        size = format_size(nbytes)
+        print(f"memcpy of {size} bytes: {memcpy(nbytes, cores[0]) * 1e6:.3f} us")
+        one = hand_off(cores, nbytes, 1, args.rounds, args.repeats)
+        line = f"hand-off of {size} bytes: one area {one * 1e6:.3f} us"
+        if area // nbytes >= 2:
+            rotating = hand_off(cores, nbytes, area // nbytes, args.rounds, args.repeats)
+            line += f"; areas over {format_size(area)}: {rotating * 1e6:.3f} us"
+        print(line)
     return 0
 
 

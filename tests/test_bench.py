@@ -465,7 +465,7 @@ def test_floor_times_a_round_trip_and_copies():
     cores = sorted(os.sched_getaffinity(0))
     pair = f"{cores[0]},{cores[-1]}"  # one core twice on a one-core machine: still a round trip
     proc = subprocess.run([sys.executable, ROOT / "bench" / "floor.py", "--cores", pair,
-                           "-s", "8,64K", "--rounds", "2000", "--repeats", "2"],
+                           "-s", "8,64K", "--rounds", "2000", "--repeats", "2", "--area", "4M"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     times = re.findall(r"^(cache-line round trip, cores \d+ and \d+|memcpy of (?:8|64K) bytes):"
@@ -473,6 +473,11 @@ def test_floor_times_a_round_trip_and_copies():
     assert [t[0] for t in times] == [f"cache-line round trip, cores {pair.replace(',', ' and ')}",
                                      "memcpy of 8 bytes", "memcpy of 64K bytes"], proc.stdout
     assert all(float(t[1]) > 0 for t in times), proc.stdout
+    # the hand-off, by one area and by areas that rotate over --area (both sizes fit in 4M)
+    hand_offs = re.findall(r"^hand-off of (8|64K) bytes: one area (\d+\.\d+) us"
+                           r"(?:; areas over 4M: (\d+\.\d+) us)?$", proc.stdout, re.M)
+    assert [h[0] for h in hand_offs] == ["8", "64K"] and all(
+        float(h[1]) > 0 and float(h[2]) > 0 for h in hand_offs), proc.stdout
 
 
 def test_floor_names_a_core_it_cannot_use():
