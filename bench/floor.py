@@ -71,14 +71,16 @@ def _side(name, core, lead, rounds, repeats, results):
         shm.close()
 
 
-def round_trip(cores, rounds, repeats) -> float:
-    """Seconds per exchange of a counter between ``cores`` through shared memory."""
-    shm = shared_memory.SharedMemory(create=True, size=2 * LINE)
+def _on_two_cores(cores, size, side, *args) -> float:
+    """What ``side(name, core, lead, *args, results)`` puts on ``results`` on the lead core,
+    run by two processes on ``cores`` over ``size`` bytes of shared memory named ``name``
+    (its first two flag lines zeroed)."""
+    shm = shared_memory.SharedMemory(create=True, size=size)
     try:
-        np.frombuffer(shm.buf, np.int64)[:] = 0
+        np.frombuffer(shm.buf, np.int64, count=2 * LINE // 8)[:] = 0
         results = mp.get_context("fork").Queue()
         procs = [mp.get_context("fork").Process(
-            target=_side, args=(shm.name, core, lead, rounds, repeats, results))
+            target=side, args=(shm.name, core, lead, *args, results))
             for core, lead in zip(cores, (True, False))]
         for proc in procs:
             proc.start()
@@ -89,6 +91,11 @@ def round_trip(cores, rounds, repeats) -> float:
     finally:
         shm.close()
         shm.unlink()
+
+
+def round_trip(cores, rounds, repeats) -> float:
+    """Seconds per exchange of a counter between ``cores`` through shared memory."""
+    return _on_two_cores(cores, 2 * LINE, _side, rounds, repeats)
 
 
 @njit(cache=True)
@@ -138,23 +145,8 @@ def hand_off(cores, nbytes, areas, rounds, repeats) -> float:
     and 256 MiB of vector."""
     nbytes = max(4, nbytes - nbytes % 4)
     rounds = max(20, min(rounds, (256 << 20) // nbytes))
-    shm = shared_memory.SharedMemory(create=True, size=2 * LINE + 2 * areas * nbytes)
-    try:
-        np.frombuffer(shm.buf, np.int64, count=2 * LINE // 8)[:] = 0
-        results = mp.get_context("fork").Queue()
-        procs = [mp.get_context("fork").Process(
-            target=_hand_off_side, args=(shm.name, core, lead, nbytes, areas, rounds, repeats,
-                                         results))
-            for core, lead in zip(cores, (True, False))]
-        for proc in procs:
-            proc.start()
-        best = results.get(timeout=300)
-        for proc in procs:
-            proc.join()
-        return best
-    finally:
-        shm.close()
-        shm.unlink()
+    return _on_two_cores(cores, 2 * LINE + 2 * areas * nbytes, _hand_off_side, nbytes, areas,
+                         rounds, repeats)
 
 
 def memcpy(nbytes, core) -> float:
