@@ -13,7 +13,10 @@
 #   1. the GPU tests with MLCOMM_TEST_GPU=1 (staged on the mpich wheel);
 #   2. the all-reduce on device buffers at P = 2 (`mlcomm bench --device cuda`,
 #      bench/gpu_staging.py);
-#   3. bench/mpis.py at P = 4, 8 and 16 (or $RANKS), ranks pinned, on every MPI that starts;
+#   3. bench/floor.py on cores 0 and 1, and 0 and 15: the round trip, and the hand-off with
+#      one area and with rotating areas (does rotating the window's areas pay on this node?);
+#      then bench/mpis.py at P = 4, 8 and 16 (or $RANKS), ranks pinned, on every MPI that
+#      starts;
 #   4. the direct path (tests/gpu_job.py --cupy, then the bench) on each MPI that says it is
 #      CUDA-aware, and on Intel MPI with I_MPI_OFFLOAD=1.
 set -u
@@ -77,6 +80,10 @@ step 90 gpu_bench $DV/mpich/bin/mpiexec -n 2 $DV/mpich/bin/mlcomm bench --device
     -s 8,64K,1M,16M,64M --check --no-progress --output "$OUT/gpu_bench.json"
 step 60 gpu_staging $DV/mpich/bin/mpiexec -n 2 $DV/mpich/bin/python bench/gpu_staging.py \
     --sizes 8,64K,4M,64M --iters 50
+for pair in 0,1 0,15; do
+    step 60 floor_${pair/,/_} $DV/mpich/bin/python bench/floor.py --cores $pair \
+        -s 8,16K,64K,256K,1M --repeats 3
+done
 envs=$(for mpi in "${ok[@]}"; do printf '%s=%s,' $mpi $DV/$mpi; done)
 for p in ${RANKS:-4 8 16}; do
     step 130 mpis_p$p $DV/mpich/bin/python bench/mpis.py --runs 3 -p $p --pin \
