@@ -221,6 +221,35 @@ def test_a_turn_must_await_every_peer():
         run_local([schedule(0, [0]), schedule(1, [0, 1])], x)
 
 
+def test_a_rotating_schedule_rotates_on_every_rank_of_its_node_alike():
+    """shared_memory's chunked schedules may rotate their slot area (every rank of the node
+    with the same need, so all take the same area); the executor refuses a node where one
+    rank rotates and another does not, or where their needs differ."""
+    import dataclasses
+    from types import SimpleNamespace
+    from mlcomm.ir.local import run_local
+    from mlcomm.transport.window import MIN_ROTATIONS, ROTATIONS, NodeWindow
+    schedules = build_schedules("shared_memory", 3, 5000)
+    assert all(s.rotates for s in schedules) and len({s.slot_count for s in schedules}) == 1
+    assert not any(s.rotates for s in build_schedules("shared_memory", 3, 50))  # turns
+    x = [np.ones(5000) for _ in range(3)]
+    for bad in (dataclasses.replace(schedules[1], rotates=False),
+                dataclasses.replace(schedules[1], slot_count=schedules[1].slot_count + 1)):
+        with pytest.raises(ScheduleError, match="must rotate on every rank of its node"):
+            run_local([schedules[0], bad, schedules[2]], x)
+    # the areas: as many of the need (in whole cache lines) as a slot holds, up to ROTATIONS;
+    # the slot whole where fewer than MIN_ROTATIONS fit
+    window = SimpleNamespace(slot_bytes=4 << 20, slots=[1 << 30, 2 << 30])
+    areas, nbytes = NodeWindow.rotations(window, 96 << 10)
+    assert nbytes == 96 << 10 and len(areas) == ROTATIONS
+    assert areas[1] == [(1 << 30) + nbytes, (2 << 30) + nbytes]
+    assert areas[-1][0] + nbytes <= (1 << 30) + (4 << 20)
+    areas, nbytes = NodeWindow.rotations(window, (200 << 10) + 1)
+    assert nbytes == (200 << 10) + 128 and len(areas) == (4 << 20) // nbytes >= MIN_ROTATIONS
+    assert NodeWindow.rotations(window, (4 << 20) // MIN_ROTATIONS + 1) == \
+        ([window.slots], 4 << 20)
+
+
 def test_shared_memory_refuses_more_than_one_node():
     with pytest.raises(ValueError, match="use algorithm='hierarchical'"):
         ALGORITHMS["shared_memory"].build(0, 4, 10, 8, nodes=((0, 1), (2, 3)))

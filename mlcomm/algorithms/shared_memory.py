@@ -8,7 +8,9 @@ to finish reading the previous collective (``Schedule.turns``). Larger vectors g
 of at most half a slot: each chunk is reduce-scattered (local rank j reduces part j of
 every slot into its slot's result area) and all-gathered (every rank copies every part from
 its owner's result area), two barriers a chunk, the next chunk's copy into the other half
-of the slot overlapping this chunk's gather. Where the node allows single-copy reads of a
+of the slot overlapping this chunk's gather; where the slot holds that many times over,
+the area rotates from one call to the next (``Schedule.rotates``, :data:`mlcomm.transport.
+window.ROTATIONS`). Where the node allows single-copy reads of a
 peer's memory (:mod:`mlcomm.transport.peer`), vectors of at least ``single_copy_bytes``
 skip the window: local rank j reads part j of every peer's input (a scratch chunk at a
 time), reduces it and writes each reduced chunk into every peer's output; a last barrier
@@ -93,6 +95,7 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
     half = chunk + -(-chunk // L)  # the slot elements one chunk uses
     starts = list(range(0, count, chunk))
     tl.need_slot(half * (2 if len(starts) > 1 else 1))
+    tl.rotates = True  # that need is the same on every rank of the node
 
     def copy_in(t, c):
         """The chunk's parts that other ranks reduce, into this rank's slot half; its own

@@ -14,7 +14,8 @@ made visible, an overwrite of an element a peer may still be reading, a slot wri
 before the first step's awaits, a window read after the rank's last post, unequal post
 counts within a node, or a slot of another node are all errors. A schedule with ``turns``
 (its slots are the window's turn areas) may write its slot once it has awaited itself with
-count 0, and must await a post of every other rank of its node. Reads of a node peer's
+count 0, and must await a post of every other rank of its node. One that ``rotates`` must
+rotate on every rank of its node, with the same slot need. Reads of a node peer's
 input or output (``input@R``, ``output@R``) are checked alike: what they read must be the
 peer's input untouched or its output written and made visible, after an await of one of
 the peer's posts in the collective (which publishes its buffers' addresses), the peer must not overwrite
@@ -269,6 +270,12 @@ def _window(ranks, p, dtype, extra_shape):
         for q in node:
             if not 0 <= q < p or tuple(ranks[q].schedule.node) != tuple(node):
                 raise ScheduleError(f"rank {k.schedule.rank}'s node {node} is not rank {q}'s")
+        rotating = {q for q in node if ranks[q].schedule.rotates}
+        if rotating and (rotating != set(node) or len(
+                {ranks[q].schedule.slot_count for q in node}) > 1):
+            raise ScheduleError(f"node {node}: a rotating schedule must rotate on every rank "
+                                f"of its node with the same slot need (the area each takes "
+                                f"must be the same)")
         width = max(ranks[q].schedule.slot_count for q in node)
         slots = {q: _Slot(q, width, p, dtype, extra_shape) for q in node}
         for q in node:

@@ -149,6 +149,8 @@ class Program:
     #: the messages it sends, what it reads from peers' window slots, what it reads from or
     #: writes into peers' buffers by single copy (the library's collectives: not counted)
     moved: tuple = (0, 0, 0)
+    #: the slot area may rotate (``mlcomm.ir.schedule.Schedule.rotates``)
+    rotates: bool = False
 
     @property
     def instructions(self) -> np.ndarray:
@@ -292,7 +294,7 @@ def lower(schedule: Schedule, itemsize: int, alias: int | None = None,
              sum(f.nbytes for f in fetches))
     return Program(words, tuple(transfers), itemsize, counts, alias, partial, largest,
                    tuple(syncs), len(schedule.node), schedule.slot_count * itemsize,
-                   tuple(fetches), schedule.turns, tuple(calls), moved)
+                   tuple(fetches), schedule.turns, tuple(calls), moved, schedule.rotates)
 
 
 def _pieces(item, size, offsets, unit=1) -> list:

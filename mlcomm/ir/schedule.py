@@ -25,6 +25,12 @@ has two of :data:`TURN_BYTES`, and the node's collectives with ``turns`` take th
 it must await a post of every other rank of its node. So when it writes a turn area, the
 last collective that used that area is two turns back, and every rank finished reading it
 before the post that the turn between awaited: the write needs no wait.
+
+A schedule that ``rotates`` (its slot need the same on every rank of its node) may run on
+any of several equal areas of the slots, the same area on every rank of the node, which the
+node's rotating collectives take in turn: a store to a line that another core has read must
+take the line back first, and lines read many collectives ago cost less to take
+(docs/performance.rst). Its synchronisation is a plain schedule's.
 """
 
 from __future__ import annotations
@@ -180,6 +186,8 @@ class Schedule:
     slot_count: int = 0
     #: the slots are the window's turn areas, taken in turn (see the module docstring)
     turns: bool = False
+    #: the slot area may rotate from one collective to the next (see the module docstring)
+    rotates: bool = False
 
     def transfers(self):
         """Yield ``(step_index, transfer)`` for every transfer."""
@@ -204,6 +212,7 @@ class Timeline:
         self.node: tuple = ()
         self.slot = 0
         self.turns = False
+        self.rotates = False
         self.now = 0
 
     def _step(self, t: int) -> Step:
@@ -244,7 +253,7 @@ class Timeline:
     def schedule(self, input_count: int, output_count: int) -> Schedule:
         steps = [self.at[t] for t in sorted(self.at) if self.at[t].transfers or self.at[t].ops]
         return Schedule(self.rank, self.size, input_count, output_count,
-                        self.scratch, steps, self.node, self.slot, self.turns)
+                        self.scratch, steps, self.node, self.slot, self.turns, self.rotates)
 
 
 def chunk_bounds(count: int, parts: int) -> list[int]:

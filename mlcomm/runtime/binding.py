@@ -130,9 +130,16 @@ class Binding:
             message = lambda t: buffers[t.buffer].bytes()[t.offset:t.offset + t.nbytes]
             slots, addresses = [], [0, 0]
         else:
-            # a program with turns runs on the turn areas, the other set every other run
-            turns = window.turns if program.turns else [window.slots] if program.node_size \
-                else [[]]
+            # a program with turns runs on the turn areas, the other set every other run; a
+            # rotating one on the next of the slots' areas each run
+            area_bytes = TURN_BYTES
+            if program.turns:
+                turns = window.turns
+            elif program.node_size:
+                turns, area_bytes = window.rotations(program.slot_bytes) if program.rotates \
+                    else ([window.slots], window.slot_bytes)
+            else:
+                turns, area_bytes = [[]], 0
             slot_sets = [areas[:program.node_size] for areas in turns]
             slots = slot_sets[0]
             addresses = [_address(inp), _address(out), _address(scratch), *slots]
@@ -148,10 +155,14 @@ class Binding:
             runs = [PythonLoop(program, DeviceMemory(buffers, plan.dtype, plan.op),
                                self.transports, settings)]
         else:
-            area_bytes = TURN_BYTES if program.turns else window.slot_bytes if slots else 0
             self.frames, runs = [], []
             for areas in slot_sets:
-                frame, run = self._compiled(inp, out, scratch, areas, area_bytes)
+                if self.frames and self.frames[0] is not None:  # the first, on other areas
+                    from ..kernels.numba_backend import kernel_dtype
+                    frame = self.frames[0].moved(SLOTS, areas, area_bytes)
+                    run = compiled_loop(frame, kernel_dtype(plan.dtype, plan.op))
+                else:
+                    frame, run = self._compiled(inp, out, scratch, areas, area_bytes)
                 if run is None:
                     views = [_alias(_address(a), a.nbytes, a.dtype) for a in (inp, out, scratch)]
                     views += [_alias(a, area_bytes, plan.dtype) for a in areas]
@@ -159,11 +170,13 @@ class Binding:
                                      self.transports, settings)
                 self.frames.append(frame)
                 runs.append(run)
-        self._turn_window = window if program.turns else None  # its turn picks the run
+        # the window's turn or rotation picks the run
+        self._window = window if len(runs) > 1 else None
         compiled = all(frame is not None for frame in self.frames)
-        if len(runs) > 1 and compiled:  # the compiled loop picks the turn's frame
+        if program.turns and compiled:  # the compiled loop picks the turn's frame
             self.frames[0].take_turns(self.frames[1], window.turn_address)
-        self.loop = runs[0] if len(runs) == 1 or compiled else _in_turn(runs, window)
+        self.loop = runs[0] if len(runs) == 1 or program.turns and compiled else \
+            _in_turn(runs, window) if program.turns else _in_rotation(runs, window)
         self._runs = runs
         self.live = True
         self.busy = 0  # started non-blocking calls that will run this binding
@@ -200,8 +213,11 @@ class Binding:
 
     def _turn(self) -> int:
         """Which of the binding's runs is in progress or next (a program with turns has one
-        per set of turn areas)."""
-        return self._turn_window.turn if self._turn_window is not None else 0
+        per set of turn areas, a rotating one one per area of the slots)."""
+        window = self._window
+        if window is None:
+            return 0
+        return window.turn if self.plan.program.turns else window.rotation % len(self._runs)
 
     @property
     def frame(self):
@@ -286,6 +302,17 @@ class _Unused(Transport):
 
     def free(self) -> None:
         pass
+
+
+def _in_rotation(runs, window):
+    """One call running the run of the window's next area (``window.rotation``); a run
+    that completes moves it on (see :func:`_in_turn`)."""
+    def run():
+        code = runs[window.rotation % len(runs)]()
+        if code == DONE:
+            window.rotation += 1
+        return code
+    return run
 
 
 def _in_turn(runs, window):

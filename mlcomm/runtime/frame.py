@@ -73,6 +73,16 @@ class Frame:
         self.second = second
         self.words[F_TURN], self.words[F_OTHER] = turn_address, second.address
 
+    def moved(self, index, addresses, nbytes):
+        """A copy of this frame whose buffers ``index``, ``index + 1`` ... are at
+        ``addresses``, ``nbytes`` each: the same program on other areas of the window."""
+        other = object.__new__(Frame)
+        other.words, other.program, other.second = self.words.copy(), self.program, None
+        other.address = other.words.__array_interface__["data"][0]
+        for j, address in enumerate(addresses):
+            other.set_buffer(index + j, address, nbytes)
+        return other
+
     def set_buffer(self, index, address, nbytes):
         self.words[F_BUFFERS + 2 * index:F_BUFFERS + 2 * index + 2] = (address, nbytes)
 

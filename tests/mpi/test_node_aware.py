@@ -195,3 +195,50 @@ def test_small_calls_back_to_back_take_turns():
                        for k, r in enumerate(requests)):
                 wrong.append(("nonblocking", it))
     agree(not wrong, f"wrong results: {wrong[:5]}")
+
+
+def test_chunked_calls_take_the_slots_areas_in_turn():
+    """shared_memory's calls through the window above the turn areas run on the next of the
+    slot's areas each call, every rank on the same one: back to back at sizes with other
+    numbers of areas, ranks delayed at random, turn calls, a persistent handle and
+    non-blocking calls between them, every result is exact. The window's rotation counts
+    exactly the rotating calls; a binding holds one frame per area, as many as the slot
+    holds up to ROTATIONS, or one where it holds fewer than MIN_ROTATIONS."""
+    if not ONE_NODE:
+        pytest.skip("shared_memory needs one node")
+    import random
+    import time
+    from mlcomm.transport.window import MIN_ROTATIONS, ROTATIONS
+    rng = random.Random(RANK)
+    kw = {"algorithm": "shared_memory", "single_copy_bytes": 1 << 62}
+    window = session.get(COMM).window()
+    start, rotating, wrong = window.rotation, 0, []
+    held = np.zeros(9000, np.int64)
+    handle = mlcomm.allreduce_init(mlcomm.IN_PLACE, held, **kw)
+    for it in range(2 * ROTATIONS + 5):
+        for count in (3000, 11000, 200_000):  # 24 KB, 88 KB: areas; 1.6 MB: the slot whole
+            x = np.arange(count, dtype=np.int64) * (RANK + 1) + it
+            want = np.arange(count, dtype=np.int64) * (P * (P + 1) // 2) + P * it
+            if rng.random() < 0.3:
+                time.sleep(rng.random() * 1e-4)
+            if not np.array_equal(mlcomm.allreduce(x, **kw), want):
+                wrong.append((count, it))
+            rotating += count < 200_000
+        if not np.all(mlcomm.allreduce(np.full(5, RANK + it), **kw) == P * (P - 1) // 2 + P * it):
+            wrong.append(("turn", it))
+        if it % 5 == 2:
+            held[...] = RANK + it
+            handle()
+            request = mlcomm.iallreduce(np.full(3000, RANK * it, np.int64), **kw)
+            if not np.all(held == P * (P - 1) // 2 + P * it) or \
+                    not np.all(request.wait() == it * P * (P - 1) // 2):
+                wrong.append(("persistent or non-blocking", it))
+            rotating += 2
+    agree(not wrong, f"wrong results: {wrong[:5]}")
+    agree(window.rotation - start == rotating, f"{window.rotation - start} != {rotating}")
+    for count in (3000, 200_000):
+        binding = mlcomm.allreduce_init(np.zeros(count, np.int64), **kw).binding
+        area = -(-binding.plan.program.slot_bytes // 128) * 128
+        fit = min(ROTATIONS, window.slot_bytes // area)
+        agree(len(binding.frames) == (fit if fit >= MIN_ROTATIONS else 1),
+              f"{count}: {len(binding.frames)} frames, {fit} areas fit")

@@ -6,7 +6,10 @@ of its current call's input and output (on the next cache line, for peers' singl
 reads, :mod:`mlcomm.transport.peer`), its slot, which the rank writes and every rank of
 the node reads in place, and its two turn areas (:data:`mlcomm.ir.schedule.TURN_BYTES` each),
 the slot of a program with ``turns``, which alternate from one such program's run to the
-next. Programs read and write
+next. A program that ``rotates`` runs on as many areas of its size as the slot holds (at
+most :data:`ROTATIONS`, and only where it holds :data:`MIN_ROTATIONS`), the next one each run
+of such a program (every rank of the node runs the same collectives, so all take the same
+area). Programs read and write
 slots with plain copies and reductions (the slots are buffers of the binding);
 :class:`NodeSync` is the transport of their node synchronisations (:class:`mlcomm.ir.program.
 Sync`):
@@ -31,12 +34,21 @@ from ..cabi import i64_array_at, load_acquire, store_release
 from ...ir.schedule import TURN_BYTES
 from .. import PATHS, WINDOW, Transport, compile_calls
 
-__all__ = ["NodeWindow", "NodeSync", "bind", "WindowError", "CONTROL_BYTES", "ADDRESSES"]
+__all__ = ["NodeWindow", "NodeSync", "bind", "WindowError", "CONTROL_BYTES", "ADDRESSES",
+           "ROTATIONS", "MIN_ROTATIONS"]
 
 #: bytes before each slot: the flag, alone in its cache line, then the published addresses
 CONTROL_BYTES = 128
 #: where the input's and the output's addresses lie after the flag
 ADDRESSES = 64
+#: the most areas of a slot that a rotating program takes in turn, and the fewest worth it:
+#: a store into a line that another core has read must take the line back first, which
+#: costs less the more the core has read since (shared_memory at 64 KiB and P = 2 on a 2-core
+#: EPYC by the window: 9.8-10.1 us on one area, 9.1 on 8, 5.9 on 16, 4.5 on 32; at 1 MiB
+#: four areas were slower than one; bench/floor.py times the hand-off). Each area is a frame
+#: of the binding (about a KiB).
+ROTATIONS = 32
+MIN_ROTATIONS = 8
 _BASE, _ME, _L, _IN, _OUT = 0, 1, 2, 3, 4
 # the window bytes counter's address, the bytes a run reads from peers' slots, and the
 # index of the program's first post, which counts them
@@ -93,10 +105,22 @@ class NodeWindow:
         self.turns = [[s + area + t * TURN_BYTES for s in self.slots] for t in (0, 1)]
         self._turn = np.zeros(1, np.int64)
         self.turn_address = self._turn.__array_interface__["data"][0]
+        #: the area the node's next rotating collective takes (:meth:`rotations`)
+        self.rotation = 0
         win.Fence()  # the zeroed flags are visible to every rank before any post
         from ..peer import probe
         self.pids, self.single_copy_error = probe(node)
         self.single_copy = self.single_copy_error is None
+
+    def rotations(self, nbytes: int) -> tuple:
+        """``(areas, area_bytes)``: for a rotating program that writes ``nbytes`` of its slot,
+        each local rank's address of every area (``areas[k][j]``) and their size; the slots
+        whole, one area, where :data:`MIN_ROTATIONS` of ``nbytes`` do not fit in a slot."""
+        area = -(-max(nbytes, 1) // CONTROL_BYTES) * CONTROL_BYTES
+        count = min(ROTATIONS, self.slot_bytes // area)
+        if count < MIN_ROTATIONS:
+            return [self.slots], self.slot_bytes
+        return [[s + k * area for s in self.slots] for k in range(count)], area
 
     @property
     def turn(self) -> int:
