@@ -70,7 +70,7 @@ from ..runtime.watch import Watch, free_world, world_roll
 
 __all__ = ["Session", "get", "BoundCall", "MISS", "runner", "BOUND_CALLS", "call_key",
            "remembers", "BindingCache", "BINDINGS", "CACHE_BYTES", "BINDING_BYTES", "cache_bytes",
-           "cached_bytes", "held", "describe_held"]
+           "cached_bytes", "held", "describe_held", "own_bytes"]
 
 log = logging.getLogger("mlcomm")
 
@@ -100,17 +100,24 @@ class BindingCache:
     scratch and device vectors they hold (each session's :attr:`Session.shared` says which
     bindings share which)."""
 
-    __slots__ = ("entries", "scratch", "vectors")
+    __slots__ = ("entries", "own", "scratch", "vectors")
 
     def __init__(self):
         #: (session id, plan key, buffer key) -> _Entry
         self.entries: "OrderedDict[tuple, _Entry]" = OrderedDict()
         self.scratch = 0  # bytes of the cached bindings' scratch
         self.vectors = 0  # bytes of the device vectors they keep alive
+        self.own = 0  # bytes of their own objects (:func:`own_bytes`)
 
 
 #: process-wide: ``MLCOMM_CACHE_BYTES`` bounds this process's memory over all its sessions
 BINDINGS = BindingCache()
+
+
+def own_bytes(binding) -> int:
+    """What a binding counts for its own objects: :data:`BINDING_BYTES`, and its frames for
+    other areas of the window (:attr:`mlcomm.runtime.binding.Binding.areas_nbytes`)."""
+    return BINDING_BYTES + binding.areas_nbytes
 
 
 def _windows() -> int:
@@ -119,17 +126,16 @@ def _windows() -> int:
 
 
 def cached_bytes() -> int:
-    """Bytes the binding cache holds now, over every session: the cached bindings' scratch
-    and device vectors, :data:`BINDING_BYTES` for each binding, and the node windows."""
-    return BINDINGS.scratch + BINDINGS.vectors + BINDING_BYTES * len(BINDINGS.entries) + \
-        _windows()
+    """Bytes the binding cache holds now, over every session: the cached bindings' scratch,
+    device vectors and own objects (:func:`own_bytes`), and the node windows."""
+    return BINDINGS.scratch + BINDINGS.vectors + BINDINGS.own + _windows()
 
 
 def held() -> dict:
     """What the binding cache holds now, in bytes (``total`` is :func:`cached_bytes`, which
     ``bound`` bounds), with the count of ``bindings``."""
     parts = {"scratch": BINDINGS.scratch, "device vectors": BINDINGS.vectors,
-             "bindings' own": BINDING_BYTES * len(BINDINGS.entries), "windows": _windows()}
+             "bindings' own": BINDINGS.own, "windows": _windows()}
     return {"bound": cache_bytes(), "total": sum(parts.values()),
             "bindings": len(BINDINGS.entries), **parts}
 
@@ -150,6 +156,7 @@ def _drop(key) -> None:
     if entry is None:
         return
     binding, session = entry.binding, entry.session
+    BINDINGS.own -= own_bytes(binding)
     binding.free()
     for key_ in [k for k in session.call_keys
                  if getattr(BOUND_CALLS.get(k), "binding", None) is binding]:
@@ -402,7 +409,7 @@ class Session:
                           self.window() if plan.program.node_size else None)
         vectors = inp.nbytes + out.nbytes if device else 0
         bound = cache_bytes()
-        if shared is None and binding.nbytes + vectors + BINDING_BYTES + _windows() > bound:
+        if shared is None and binding.nbytes + vectors + own_bytes(binding) + _windows() > bound:
             weakref.finalize(binding, _free_transports, binding.transports)
             return binding
         if shared is None:
@@ -416,6 +423,7 @@ class Session:
         entry = _Entry()
         entry.binding, entry.session, entry.scratch_key = binding, self, scratch_key
         BINDINGS.entries[key] = entry
+        BINDINGS.own += own_bytes(binding)
         _evict_to(bound, key)
         return binding
 

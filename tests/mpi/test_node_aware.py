@@ -236,9 +236,21 @@ def test_chunked_calls_take_the_slots_areas_in_turn():
             rotating += 2
     agree(not wrong, f"wrong results: {wrong[:5]}")
     agree(window.rotation - start == rotating, f"{window.rotation - start} != {rotating}")
+    import tracemalloc
     for count in (3000, 200_000):
-        binding = mlcomm.allreduce_init(np.zeros(count, np.int64), **kw).binding
+        x = np.zeros(count, np.int64)
+        mlcomm.allreduce_init(x, x.copy(), **kw)  # its plan made
+        tracemalloc.start()
+        try:  # what the binding cache counts for a binding covers what one holds
+            handles = [mlcomm.allreduce_init(x, x.copy(), **kw) for _ in range(4)]
+            held = (tracemalloc.get_traced_memory()[0] - 4 * x.nbytes) / 4
+        finally:
+            tracemalloc.stop()
+        binding = handles[0].binding
         area = -(-binding.plan.program.slot_bytes // 128) * 128
         fit = min(ROTATIONS, window.slot_bytes // area)
         agree(len(binding.frames) == (fit if fit >= MIN_ROTATIONS else 1),
               f"{count}: {len(binding.frames)} frames, {fit} areas fit")
+        agree(held <= session.own_bytes(binding) + binding.nbytes,
+              f"{count}: a binding holds {held:.0f} B, the cache counts "
+              f"{session.own_bytes(binding) + binding.nbytes}")
