@@ -57,9 +57,11 @@ class Settings:
 #: two to a core tight loops of calls run faster yielding (docs/mpis.rst)
 SLEEP_AFTER_US = 100
 SLEEP_RANKS_PER_CORE = 3
-#: what a binding holds for each run on another area of the window: a frame's words, its
-#: run and the loop's objects (a 32-area binding held 33 KiB more than a one-area one)
+#: what a binding holds for each run on another area of the window: the compiled loop's
+#: frame and run, or a Python loop (32 areas held 33 KiB more than one area in the first,
+#: 147 KiB in the second)
 AREA_FRAME_BYTES = 1 << 10
+AREA_LOOP_BYTES = 5 << 10
 
 
 def _polls(oversubscribed: bool) -> int:
@@ -182,7 +184,8 @@ class Binding:
             _in_turn(runs, window) if program.turns else _in_rotation(runs, window)
         self._runs = runs
         #: bytes of its frames for other areas of the window (the binding cache counts them)
-        self.areas_nbytes = AREA_FRAME_BYTES * (len(runs) - 1)
+        self.areas_nbytes = (len(runs) - 1) * (AREA_FRAME_BYTES if compiled else
+                                               AREA_LOOP_BYTES)
         self.live = True
         self.busy = 0  # started non-blocking calls that will run this binding
 
