@@ -15,10 +15,11 @@ The hand-off is the window's write-once, read-by-all all-reduce of two ranks wit
 else: each process copies its vector into its own area of shared memory, raises its flag,
 waits for the other's, adds the other's area to its vector into an output, and raises its
 flag again; the time per exchange is the best of ``--repeats`` runs. It runs with one area
-per process, as a window reuses its slots call after call, and with areas that rotate over
-``--area`` bytes a process: a store to a line the other core has read must take it back
-first, and on a 2-core EPYC that made the copy in 2.5-4x slower than the copy into lines the
-other core had not read for many calls (docs/performance.rst).
+per process, as the node window's turn areas are reused every other call, and with areas
+that rotate over ``--area`` bytes a process, as its slots' areas rotate above the turn
+areas: a store to a line the other core has read must take it back first, and on a 2-core
+EPYC that made the copy in 2.5-4x slower than the copy into lines the other core had not
+read for many calls (docs/performance.rst).
 """
 
 from __future__ import annotations
