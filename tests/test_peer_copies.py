@@ -1,5 +1,5 @@
-"""Single-copy reads and writes of another process's memory (mlcomm.transport.peer), in one
-process."""
+"""Single-copy reads and writes of another process's memory (mlcomm.transport.peer), and the
+node window's mapping of shared pages in advance, in one process."""
 
 import ctypes
 import os
@@ -11,6 +11,7 @@ from mpi4py import MPI
 from mlcomm.ir.program import OUTPUT, Fetch
 from mlcomm.transport import FAULT
 from mlcomm.transport.peer import PeerCopies, probe
+from mlcomm.transport import window
 from mlcomm.transport.window import ADDRESSES
 
 
@@ -84,3 +85,25 @@ def test_the_probe_reads_a_peer_or_says_why_not(monkeypatch):
     assert pids == [os.getpid()] and error is None
     monkeypatch.setenv("MLCOMM_SINGLE_COPY", "0")
     assert probe(MPI.COMM_SELF)[1] == "MLCOMM_SINGLE_COPY=0"
+
+
+@pytest.mark.parametrize("advice", [True, False], ids=["madvise", "touch"])
+def test_shared_pages_are_mapped_in_advance(monkeypatch, advice):
+    """The window maps a range of shared pages (from an unaligned address) before any call
+    stores into it: by MADV_POPULATE_WRITE, or by reading a byte of each page where the
+    kernel refuses it. Storing into the range afterwards takes no page fault."""
+    import mmap
+    import resource
+    if not advice:
+        monkeypatch.setattr(window, "_MADV_POPULATE_WRITE", -1)  # EINVAL, as before 5.14
+    pages = 64
+    shared = mmap.mmap(-1, pages * mmap.PAGESIZE, flags=mmap.MAP_SHARED)
+    x = np.frombuffer(shared, np.uint8)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(shared))
+    window._map_now(start + 100, len(x) - 100)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    x[100:] = 7  # the first page from byte 100 on: the range starts there
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    assert faults < pages // 4, f"{faults} faults storing into {pages} mapped pages"
+    del x
+    shared.close()

@@ -9,7 +9,8 @@ the slot of a program with ``turns``, which alternate from one such program's ru
 next. A program that ``rotates`` runs on as many areas of its size as the slot holds (at
 most :data:`ROTATIONS`, and only where it holds :data:`MIN_ROTATIONS`), the next one each run
 of such a program (every rank of the node runs the same collectives, so all take the same
-area). Programs read and write
+area); each rank maps the areas of every slot when its first binding on them is made, so
+no call pays page faults. Programs read and write
 slots with plain copies and reductions (the slots are buffers of the binding);
 :class:`NodeSync` is the transport of their node synchronisations (:class:`mlcomm.ir.program.
 Sync`):
@@ -25,6 +26,9 @@ No MPI message is sent; a waiting loop polls and yields the CPU as for messages.
 """
 
 from __future__ import annotations
+
+import ctypes
+import mmap
 
 import numpy as np
 from mpi4py import MPI
@@ -54,6 +58,22 @@ _BASE, _ME, _L, _IN, _OUT = 0, 1, 2, 3, 4
 # index of the program's first post, which counts them
 _MOVED, _BYTES, _FIRST_POST = 5, 6, 7
 _FLAGS = 8  # then L flag addresses, then two words per sync: peer, count (post: count)
+_MADV_POPULATE_WRITE = 23  # Linux 5.14
+
+
+def _map_now(address: int, nbytes: int) -> None:
+    """Map the pages of ``nbytes`` at ``address`` (in the node window) into this process
+    now, so that no call pays their faults (a rotating call at 64 KiB on fresh areas: 70 us,
+    against 12): ``MADV_POPULATE_WRITE``, which maps them writable without touching them, or
+    where the kernel lacks it (before Linux 5.14), a read of each page."""
+    page = mmap.PAGESIZE
+    start = address // page * page
+    length = -(-(address + nbytes - start) // page) * page
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), _MADV_POPULATE_WRITE) == 0:
+        return
+    pages = np.frombuffer((ctypes.c_char * nbytes).from_address(address), np.uint8)
+    pages[np.r_[0, np.arange(start + page - address, nbytes, page)]].sum()  # one a page
 
 
 class WindowError(RuntimeError):
@@ -107,6 +127,7 @@ class NodeWindow:
         self.turn_address = self._turn.__array_interface__["data"][0]
         #: the area the node's next rotating collective takes (:meth:`rotations`)
         self.rotation = 0
+        self._mapped = 0  # the bytes of every slot mapped in advance (:meth:`rotations`)
         win.Fence()  # the zeroed flags are visible to every rank before any post
         from ..peer import probe
         self.pids, self.single_copy_error = probe(node)
@@ -115,11 +136,17 @@ class NodeWindow:
     def rotations(self, nbytes: int) -> tuple:
         """``(areas, area_bytes)``: for a rotating program that writes ``nbytes`` of its slot,
         each local rank's address of every area (``areas[k][j]``) and their size; the slots
-        whole, one area, where :data:`MIN_ROTATIONS` of ``nbytes`` do not fit in a slot."""
+        whole, one area, where :data:`MIN_ROTATIONS` of ``nbytes`` do not fit in a slot.
+        The areas' pages are mapped into this process now, this rank's slot first."""
         area = -(-max(nbytes, 1) // CONTROL_BYTES) * CONTROL_BYTES
         count = min(ROTATIONS, self.slot_bytes // area)
         if count < MIN_ROTATIONS:
             return [self.slots], self.slot_bytes
+        if count * area > self._mapped:
+            me = self.node.Get_rank()
+            for slot in [self.slots[me]] + self.slots[:me] + self.slots[me + 1:]:
+                _map_now(slot + self._mapped, count * area - self._mapped)
+            self._mapped = count * area
         return [[s + k * area for s in self.slots] for k in range(count)], area
 
     @property
