@@ -228,6 +228,11 @@ class Binding:
         return window.turn if self.plan.program.turns else window.rotation % len(self._runs)
 
     @property
+    def rotations(self) -> int:
+        """How many areas of the window its calls take in turn (1: it does not rotate)."""
+        return 1 if self.plan.program.turns else len(self._runs)
+
+    @property
     def frame(self):
         """The compiled loop's frame of the run in progress or next, None for the Python
         loop."""

@@ -282,13 +282,14 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     within :data:`TRIAL_WAY_PRUNE` of the fastest, then the fastest of the rest) and the
     model's favourite, unless a form of it is among them (and none the model predicts
     :data:`TRIAL_MODEL_PRUNE` slower is probed). Each candidate left is called once at the
-    full size to set up, then :data:`TRIAL_WARM` times (:data:`TRIAL_WARM_LARGE` after a
-    probe, and not at all where that first call took :data:`TRIAL_SLOW_FIRST` times the
-    fastest call before it), the fastest of those calls standing for it, the first included
-    (setting up only adds to it); of those called again, the :data:`TRIAL_FINALISTS`
-    fastest, those within :data:`TRIAL_PRUNE` of the fastest and the model's favourite are
-    then timed in rounds of interleaved blocks (a block lasts at least
-    :data:`TRIAL_BLOCK_SECONDS`), each round dropping those whose median is
+    full size to set up, then once on each other area of the window where it rotates (a
+    first pass over 32 areas of 64 KiB: 10-12 us a call, then 5.5), then :data:`TRIAL_WARM`
+    times (:data:`TRIAL_WARM_LARGE` after a probe; neither where that first call took
+    :data:`TRIAL_SLOW_FIRST` times the fastest call before it), the fastest of those calls
+    standing for it, the first included (setting up only adds to it); of those called again,
+    the :data:`TRIAL_FINALISTS` fastest, those within :data:`TRIAL_PRUNE` of the fastest and
+    the model's favourite are then timed in rounds of interleaved blocks (a block lasts at
+    least :data:`TRIAL_BLOCK_SECONDS`), each round dropping those whose median is
     :data:`TRIAL_DROP` slower than the best, until one is left, the rounds are done or the
     budget, less the call to come, would not hold another call of each (below
     TRIAL_PROBE_BYTES, after :data:`TRIAL_MIN_ROUNDS` rounds at least); the medians decide
@@ -349,6 +350,8 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
                 if first[i] >= TRIAL_SLOW_FIRST * np.minimum(first[:i], basis[:i]).min(
                         initial=np.inf):
                     continue
+            for _ in range(bindings[i].rotations - 1):  # each area once: the first is slow
+                bindings[i].run()
             basis[i] = min(_timed(bindings[i].run) for _ in range(warm))
         both, elapsed = _slowest(session, np.concatenate([first, basis]), began)
         first, warmed = both[:len(trial)], both[len(trial):]

@@ -311,6 +311,51 @@ def test_after_a_probe_a_slow_first_call_is_not_called_again(fresh, monkeypatch)
           f"{fast}: {calls} {record}")
 
 
+def test_a_rotating_candidate_is_timed_after_a_call_on_every_area(fresh, monkeypatch):
+    """A candidate whose calls take the window's areas in turn (shared_memory at 64 KiB by
+    the window) runs once on each before its warm calls are timed: a first call on an area
+    is slow (10-12 us at 64 KiB on 32 areas, then 5.5), and the trial judged the first pass."""
+    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
+    monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
+    monkeypatch.setattr(auto, "auto_candidates", lambda p, nodes: ["shared_memory"])
+    monkeypatch.setattr(auto, "library_supports", lambda dtype, op: False)
+    comm, s = fresh
+    if P == 1 or not s.nodes or len(s.nodes) != 1:
+        pytest.skip("needs one node of two ranks or more")
+    count = (64 << 10) // 4
+    areas, timed, bind, time_one = {}, {}, auto._Arena.bind, auto._timed
+
+    def counted(arena, plan, m):
+        binding = bind(arena, plan, m)
+        if binding.rotations > 1:
+            run, key = binding.run, id(binding)
+            window = s.window()
+
+            def run_counted():
+                areas.setdefault(key, []).append(window.rotation % binding.rotations)
+                run()
+            run_counted.key, run_counted.rotations = key, binding.rotations
+            binding.run = run_counted
+        return binding
+
+    def timed_counted(run):
+        if hasattr(run, "key"):
+            timed.setdefault(run.key, []).append(len(areas.get(run.key, [])))
+        return time_one(run)
+
+    monkeypatch.setattr(auto._Arena, "bind", counted)
+    monkeypatch.setattr(auto, "_timed", timed_counted)
+    x = (np.arange(count) % 7 + RANK).astype(np.int32)
+    got = mlcomm.allreduce(x, comm=comm)
+    agree(np.array_equal(got, np.arange(count) % 7 * P + P * (P - 1) // 2), "not the exact sum")
+    agree(areas, "no candidate rotated")
+    for key, seen in areas.items():
+        rotations = len(set(seen))
+        warm = timed[key][1:]  # the first timed call sets up
+        agree(warm and set(seen[:warm[0]]) == set(range(max(seen) + 1)) and rotations >= 8,
+              f"timed warm calls after {warm[:1]} calls on areas {seen[:40]}")
+
+
 def test_the_models_favourite_is_timed_in_the_rounds_whatever_its_single_calls(fresh,
                                                                                monkeypatch):
     """Single calls of ranks that share cores are noise, so the model's favourite goes on to
