@@ -13,11 +13,14 @@ mlcomm algorithm and ``auto`` side by side in interleaved rounds. Per MPI, rank 
 size it keeps the median over the runs of: the library's ``MPI_Allreduce``, mlcomm's best
 algorithm (the lowest median) and ``auto`` (and what ``auto`` ran). The table gives each,
 with the worst mlcomm of the three MPIs (best algorithm, and ``auto``) over the fastest
-``MPI_Allreduce`` of the three. ``--pin`` binds each rank to a core (on a machine with at
-least as many cores as ranks). ``-a`` times only those algorithms beside ``MPI_Allreduce``
-(``-a auto``: no best algorithm in the table). ``--plot`` draws the time against the size,
-one panel per rank count: each MPI's ``MPI_Allreduce`` and ``auto`` on it. Writes
-``bench/results/mpis.json`` (or ``--output``).
+``MPI_Allreduce`` of the three. Beside it, the physical floor (``bench/floor.py``): the
+cache-line round trip between two cores before every job, and one memcpy of each size before
+the first run and after the last; a shared machine that changes speed shows it there first.
+``--pin`` binds each rank to a core (on a machine with at least as many cores as ranks).
+``-a`` times only those algorithms beside ``MPI_Allreduce`` and ``auto`` (``-a auto``: no
+best algorithm in the table). ``--plot`` draws the time against the size, one panel per rank
+count: each MPI's ``MPI_Allreduce`` and ``auto`` on it. Writes ``bench/results/mpis.json``
+(or ``--output``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import floor
 from mlcomm.units import format_size, parse_size
 
 HERE = Path(__file__).resolve().parent
@@ -62,7 +66,9 @@ def one_job(name: str, env: Path, ranks: int, sizes: list, pin: bool, iters,
         out = Path(tmp) / "run.json"
         cmd = [*launcher(env, ranks, pin), "-n", str(ranks), str(env / "bin" / "mlcomm"),
                "bench", "-s", ",".join(map(str, sizes)), "--format", "json", "--output",
-               str(out), "--check", "--no-progress", "-a", algorithms,
+               str(out), "--check", "--no-progress", "-a",
+               algorithms if algorithms == "all" or "auto" in algorithms.split(",")
+               else f"{algorithms},auto",
                *(["-n", str(iters)] if iters else [])]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=tmp,
                               env=dict(os.environ, MLCOMM_PROFILE=str(Path(tmp) / "none")))
@@ -113,6 +119,31 @@ def table(results: dict, ranks: list, sizes: list) -> str:
                            f"{max(c['auto'] for c in cells) / fastest:.2f}"])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [head, *rows])
+
+
+def measure_floor(sizes: list) -> dict:
+    """``{"round trip": µs, "memcpy": {bytes: µs}}`` between the first two cores this process
+    may use (one core twice where it has one); its core affinity is left as it was."""
+    mine = os.sched_getaffinity(0)
+    cores = sorted(mine)[:2] * (2 if len(mine) == 1 else 1)
+    try:
+        trip = floor.round_trip(cores, 20000, 3) * 1e6
+        copies = {b: floor.memcpy(b, cores[0]) * 1e6 for b in sizes}
+    finally:
+        os.sched_setaffinity(0, mine)
+    return {"round trip": trip, "memcpy": copies}
+
+
+def floor_lines(trips: dict, copies: list) -> str:
+    """The floor beside the table: each MPI's round trips before its jobs, in job order, and
+    the memcpy of each size before and after."""
+    lines = ["cache-line round trip before each job (µs): " + "; ".join(
+        f"{name} P={p}: " + ", ".join(f"{t:.2f}" for t in ts)
+        for name, by_p in trips.items() for p, ts in by_p.items())]
+    for b in copies[0]:
+        lines.append(f"memcpy of {format_size(b)}: " + ", ".join(
+            f"{c[b]:.2f}" for c in copies) + " µs (before, after)")
+    return "\n".join(lines)
 
 
 def plot(results: dict, ranks: list, path: str, title: str) -> None:
@@ -168,20 +199,28 @@ def main(argv=None) -> int:
     ranks = [int(p) for p in args.ranks.split(",")]
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     jobs = {n: {p: [] for p in ranks} for n in envs}
+    trips = {n: {p: [] for p in ranks} for n in envs}
     names = list(envs)
+    copies = [measure_floor(sizes)["memcpy"]]
     for run in range(args.runs):
         for p in ranks:
             for name in names[run % len(names):] + names[:run % len(names)]:
+                trips[name][p].append(measure_floor([])["round trip"])
                 jobs[name][p].append(one_job(name, envs[name], p, sizes, args.pin,
                                              args.iters, args.algorithms))
                 print(f"run {run + 1}/{args.runs}: P = {p} on {name} done", file=sys.stderr,
                       flush=True)
+    copies.append(measure_floor(sizes)["memcpy"])
     results = {n: {p: summarise(jobs[n][p]) for p in ranks} for n in names}
     print(table(results, ranks, sizes))
+    print(floor_lines(trips, copies))
     record = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
               "machine": f"{platform.node()}, {os.cpu_count()} cores", "pin": args.pin,
               "runs": args.runs, "command": " ".join(["python bench/mpis.py", *(argv or
                                                                                sys.argv[1:])]),
+              "round_trips_us": {n: {str(p): t for p, t in by_p.items()}
+                                 for n, by_p in trips.items()},
+              "memcpy_us": [{str(b): t for b, t in c.items()} for c in copies],
               "results": {n: {str(p): {str(b): v for b, v in r.items()} for p, r in res.items()}
                           for n, res in results.items()}}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)

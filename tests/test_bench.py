@@ -495,3 +495,23 @@ def test_uneven_times_calls_after_rank_0s_work():
                      r"the work; waits sleep after 100 us on the window, 1000 us on "
                      r"messages, 0: never\)$", proc.stdout, re.M)
     assert line and float(line[1]) >= 0.3 and float(line[2]) >= 1.0, proc.stdout
+
+
+def test_mpis_gives_the_table_with_the_floor_beside_it(tmp_path):
+    """bench/mpis.py on one environment (this one): the peer table, the round trip before
+    each job and the memcpy of each size before and after, in its output and its record."""
+    out = tmp_path / "mpis.json"
+    proc = subprocess.run([sys.executable, ROOT / "bench" / "mpis.py", "--envs",
+                           f"here={sys.prefix}", "--runs", "2", "-p", "2", "-s", "8,4K",
+                           "-a", "ring", "-n", "20", "--output", out],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert re.search(r"^2  8 B +\d+\.\d+ +\d+\.\d+ \(ring\) / \d+\.\d+", proc.stdout, re.M), \
+        proc.stdout  # auto is always timed
+    assert re.search(r"^cache-line round trip before each job \(µs\): here P=2: "
+                     r"\d+\.\d+, \d+\.\d+$", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^memcpy of 4K: \d+\.\d+, \d+\.\d+ µs \(before, after\)$", proc.stdout,
+                     re.M), proc.stdout
+    record = json.loads(out.read_text())
+    assert len(record["round_trips_us"]["here"]["2"]) == 2 and \
+        set(record["memcpy_us"][1]) == {"8", "4096"}, record
