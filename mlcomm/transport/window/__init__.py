@@ -28,6 +28,7 @@ No MPI message is sent; a waiting loop polls and yields the CPU as for messages.
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 
 import numpy as np
@@ -65,12 +66,14 @@ def _map_now(address: int, nbytes: int) -> None:
     """Map the pages of ``nbytes`` at ``address`` (in the node window) into this process
     now, so that no call pays their faults (a rotating call at 64 KiB on fresh areas: 70 us,
     against 12): ``MADV_POPULATE_WRITE``, which maps them writable without touching them, or
-    where the kernel lacks it (before Linux 5.14), a read of each page."""
+    where the kernel lacks it (EINVAL, before Linux 5.14), a read of each page. Where it
+    fails otherwise (/dev/shm full), the calls fault the pages in as they go, as before."""
     page = mmap.PAGESIZE
     start = address // page * page
     length = -(-(address + nbytes - start) // page) * page
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), _MADV_POPULATE_WRITE) == 0:
+    if libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), _MADV_POPULATE_WRITE) == 0 \
+            or ctypes.get_errno() != errno.EINVAL:
         return
     pages = np.frombuffer((ctypes.c_char * nbytes).from_address(address), np.uint8)
     pages[np.r_[0, np.arange(start + page - address, nbytes, page)]].sum()  # one a page
