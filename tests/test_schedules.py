@@ -222,8 +222,9 @@ def test_a_turn_must_await_every_peer():
 
 
 def test_a_rotating_schedule_rotates_on_every_rank_of_its_node_alike():
-    """shared_memory's chunked schedules may rotate their slot area (every rank of the node
-    with the same need, so all take the same area); the executor refuses a node where one
+    """shared_memory's chunked schedules and hierarchical's through the window may rotate
+    their slot area (every rank of the node with the same need, so all take the same area);
+    the executor refuses a node where one
     rank rotates and another does not, or where their needs differ."""
     import dataclasses
     from types import SimpleNamespace
@@ -232,6 +233,16 @@ def test_a_rotating_schedule_rotates_on_every_rank_of_its_node_alike():
     schedules = build_schedules("shared_memory", 3, 5000)
     assert all(s.rotates for s in schedules) and len({s.slot_count for s in schedules}) == 1
     assert not any(s.rotates for s in build_schedules("shared_memory", 3, 50))  # turns
+    # hierarchical's window path too, above the turn areas' size, on nodes of any sizes
+    # (its parts, so its need, are the same on every rank), and proved exact so
+    nodes = ((0, 1), (2, 3, 4))
+    for count, rotates in ((5000, True), (50, False)):
+        tiered = build_schedules("hierarchical", 5, count, nodes=nodes)
+        assert [s.rotates for s in tiered] == [rotates] * 5, count
+        assert len({s.slot_count for s in tiered}) == 1
+        inputs = [np.arange(count, dtype=np.float64) * (r + 1) for r in range(5)]
+        for out in run_local(tiered, inputs)[0]:
+            assert np.array_equal(out, np.arange(count) * 15.0)
     x = [np.ones(5000) for _ in range(3)]
     for bad in (dataclasses.replace(schedules[1], rotates=False),
                 dataclasses.replace(schedules[1], slot_count=schedules[1].slot_count + 1)):

@@ -18,8 +18,8 @@ finished with its buffers. A vector under two ``part_bytes`` is one part.
 
 from __future__ import annotations
 
-from ..ir.schedule import (INPUT, OUTPUT, SCRATCH, Copy, Recv, Reduce, Region, Send, Timeline,
-    chunk_bounds, slot)
+from ..ir.schedule import (INPUT, OUTPUT, SCRATCH, TURN_BYTES, Copy, Recv, Reduce, Region, Send,
+    Timeline, chunk_bounds, slot)
 from ._common import elements
 from ._registry import COLLECTIVES, register
 from ._window import (COPY, DEFAULT_SLOT_BYTES, SINGLE_COPY_BYTES, Barriers, await_addresses,
@@ -110,6 +110,9 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
         q = min(half // parts, longest)  # elements of each part a round moves
         rounds = list(range(0, longest, q))
         tl.need_slot(2 * parts * q)  # the gather goes on through the halves in turn
+        # above the turn areas' size its area may rotate: parts and q, so that need, are the
+        # same on every rank
+        tl.rotates = 2 * parts * q * itemsize > TURN_BYTES
         length = lambda j, at: max(0, min(q, pb[j + 1] - pb[j] - at))
         reads = []
 

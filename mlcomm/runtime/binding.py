@@ -143,6 +143,8 @@ class Binding:
             elif program.node_size:
                 turns, area_bytes = window.rotations(program.slot_bytes) if program.rotates \
                     else ([window.slots], window.slot_bytes)
+                if len(turns) > 1:  # no call on a fresh area pays its page faults
+                    window.map_slots(len(turns) * area_bytes)
             else:
                 turns, area_bytes = [[]], 0
             slot_sets = [areas[:program.node_size] for areas in turns]

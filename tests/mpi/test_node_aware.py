@@ -197,8 +197,9 @@ def test_small_calls_back_to_back_take_turns():
     agree(not wrong, f"wrong results: {wrong[:5]}")
 
 
-def test_chunked_calls_take_the_slots_areas_in_turn():
-    """shared_memory's calls through the window above the turn areas run on the next of the
+@pytest.mark.parametrize("name", ["shared_memory", "hierarchical"])
+def test_chunked_calls_take_the_slots_areas_in_turn(name):
+    """Calls through the window above the turn areas' size run on the next of the
     slot's areas each call, every rank on the same one: back to back at sizes with other
     numbers of areas, ranks delayed at random, turn calls, a persistent handle and
     non-blocking calls between them, every result is exact. The window's rotation counts
@@ -210,7 +211,7 @@ def test_chunked_calls_take_the_slots_areas_in_turn():
     import time
     from mlcomm.transport.window import MIN_ROTATIONS, ROTATIONS
     rng = random.Random(RANK)
-    kw = {"algorithm": "shared_memory", "single_copy_bytes": 1 << 62}
+    kw = {"algorithm": name, "single_copy_bytes": 1 << 62}
     window = session.get(COMM).window()
     start, rotating, wrong = window.rotation, 0, []
     held = np.zeros(9000, np.int64)

@@ -139,18 +139,22 @@ class NodeWindow:
     def rotations(self, nbytes: int) -> tuple:
         """``(areas, area_bytes)``: for a rotating program that writes ``nbytes`` of its slot,
         each local rank's address of every area (``areas[k][j]``) and their size; the slots
-        whole, one area, where :data:`MIN_ROTATIONS` of ``nbytes`` do not fit in a slot.
-        The areas' pages are mapped into this process now, this rank's slot first."""
+        whole, one area, where :data:`MIN_ROTATIONS` of ``nbytes`` do not fit in a slot."""
         area = -(-max(nbytes, 1) // CONTROL_BYTES) * CONTROL_BYTES
         count = min(ROTATIONS, self.slot_bytes // area)
         if count < MIN_ROTATIONS:
             return [self.slots], self.slot_bytes
-        if count * area > self._mapped:
+        return [[s + k * area for s in self.slots] for k in range(count)], area
+
+    def map_slots(self, nbytes: int) -> None:
+        """Map the first ``nbytes`` of every local rank's slot into this process now, this
+        rank's first (a rotating binding's areas: see :func:`_map_now`); what is mapped
+        stays mapped."""
+        if nbytes > self._mapped:
             me = self.node.Get_rank()
             for slot in [self.slots[me]] + self.slots[:me] + self.slots[me + 1:]:
-                _map_now(slot + self._mapped, count * area - self._mapped)
-            self._mapped = count * area
-        return [[s + k * area for s in self.slots] for k in range(count)], area
+                _map_now(slot + self._mapped, nbytes - self._mapped)
+            self._mapped = nbytes
 
     @property
     def turn(self) -> int:
