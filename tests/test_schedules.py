@@ -222,8 +222,8 @@ def test_a_turn_must_await_every_peer():
 
 
 def test_a_rotating_schedule_rotates_on_every_rank_of_its_node_alike():
-    """shared_memory's chunked schedules and hierarchical's through the window may rotate
-    their slot area (every rank of the node with the same need, so all take the same area);
+    """shared_memory's chunked schedules, the window's other collectives and hierarchical's
+    through the window may rotate their slot area (every rank of the node with the same need, so all take the same area);
     the executor refuses a node where one
     rank rotates and another does not, or where their needs differ."""
     import dataclasses
@@ -233,6 +233,11 @@ def test_a_rotating_schedule_rotates_on_every_rank_of_its_node_alike():
     schedules = build_schedules("shared_memory", 3, 5000)
     assert all(s.rotates for s in schedules) and len({s.slot_count for s in schedules}) == 1
     assert not any(s.rotates for s in build_schedules("shared_memory", 3, 50))  # turns
+    # the window's other collectives too, above the turn areas' size only
+    for collective in ("bcast", "allgather", "reduce_scatter", "reduce"):
+        for count, rotates in ((5000, True), (50, False)):
+            built = build_schedules("shared_memory", 3, count, collective=collective)
+            assert [s.rotates for s in built] == [rotates] * 3, (collective, count)
     # hierarchical's window path too, above the turn areas' size, on nodes of any sizes
     # (its parts, so its need, are the same on every rank), and proved exact so
     nodes = ((0, 1), (2, 3, 4))

@@ -1,16 +1,16 @@
 """The node window's pieces that ``shared_memory``, ``hierarchical`` and the window's other
-collectives (:mod:`.shm_collectives`) share: the node's barriers, the rounds through a
-slot's two halves, reductions of the slots as their owners post them, single-copy reads
+collectives (:mod:`.shm_collectives`) share: the node's barriers, a slot need the same on
+every rank of the node (whose area may rotate), the rounds through a slot's two halves, reductions of the slots as their owners post them, single-copy reads
 of the peers' inputs and writes into their outputs, and where a window algorithm applies.
 """
 
 from __future__ import annotations
 
-from ..ir.schedule import INPUT, OUTPUT, SCRATCH, Region, Timeline, peer, slot
+from ..ir.schedule import INPUT, OUTPUT, SCRATCH, TURN_BYTES, Region, Timeline, peer, slot
 
-__all__ = ["node_of", "whole_node", "Barriers", "exchange", "reduce_as_posted",
-           "await_addresses", "reduce_from_peers", "write_to_peers", "read_steps",
-           "host_only", "one_node", "DEFAULT_SLOT_BYTES", "SINGLE_COPY_BYTES",
+__all__ = ["node_of", "whole_node", "Barriers", "need_same_slot", "exchange",
+           "reduce_as_posted", "await_addresses", "reduce_from_peers", "write_to_peers",
+           "read_steps", "host_only", "one_node", "DEFAULT_SLOT_BYTES", "SINGLE_COPY_BYTES",
            "READ_CHUNK_BYTES", "COPY"]
 
 #: each rank's window slot when the communicator does not say (``MLCOMM_SHM_BYTES``)
@@ -85,6 +85,18 @@ class Barriers:
     def end(self, t: int) -> None:
         """Say that this rank has finished reading the window."""
         self.post(t)
+
+
+def need_same_slot(tl: Timeline, count: int, itemsize: int) -> None:
+    """Need ``count`` elements of the slot, as every rank of the node does in this
+    collective. Above the turn areas' size (:data:`~mlcomm.ir.schedule.TURN_BYTES`) the
+    call's area may then rotate (``Schedule.rotates``): the next of as many areas of that
+    size as the slot holds, each call, the same on every rank of the node. A core's store
+    into a line that another core has just read must take the line back first; one read
+    many calls ago costs less (64 KiB at P = 2: 4.5 us against 10). At 4 KiB and below it
+    costs more (the hand-off of bench/floor.py)."""
+    tl.need_slot(count)
+    tl.rotates = count * itemsize > TURN_BYTES
 
 
 def reduce_as_posted(tl, t, sync, post, dst, at, count):

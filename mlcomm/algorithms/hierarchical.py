@@ -18,13 +18,13 @@ finished with its buffers. A vector under two ``part_bytes`` is one part.
 
 from __future__ import annotations
 
-from ..ir.schedule import (INPUT, OUTPUT, SCRATCH, TURN_BYTES, Copy, Recv, Reduce, Region, Send,
-    Timeline, chunk_bounds, slot)
+from ..ir.schedule import (INPUT, OUTPUT, SCRATCH, Copy, Recv, Reduce, Region, Send, Timeline,
+    chunk_bounds, slot)
 from ._common import elements
 from ._registry import COLLECTIVES, register
 from ._window import (COPY, DEFAULT_SLOT_BYTES, SINGLE_COPY_BYTES, Barriers, await_addresses,
-                      exchange, host_only, node_of, read_steps, reduce_as_posted,
-                      reduce_from_peers, write_to_peers)
+                      exchange, host_only, need_same_slot, node_of, read_steps,
+                      reduce_as_posted, reduce_from_peers, write_to_peers)
 
 __all__ = ["build", "cost", "embed", "INTRA", "PART_BYTES"]
 
@@ -109,10 +109,8 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
         longest = max(pb[j + 1] - pb[j] for j in range(parts))
         q = min(half // parts, longest)  # elements of each part a round moves
         rounds = list(range(0, longest, q))
-        tl.need_slot(2 * parts * q)  # the gather goes on through the halves in turn
-        # above the turn areas' size its area may rotate: parts and q, so that need, are the
-        # same on every rank
-        tl.rotates = 2 * parts * q * itemsize > TURN_BYTES
+        # the gather goes on through the halves in turn; parts and q are every rank's
+        need_same_slot(tl, 2 * parts * q, itemsize)
         length = lambda j, at: max(0, min(q, pb[j + 1] - pb[j] - at))
         reads = []
 

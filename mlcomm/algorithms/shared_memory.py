@@ -4,20 +4,20 @@ Small vectors are written once and read by all: each rank copies its vector into
 one node barrier, then every rank reduces every slot in local-rank order (so every rank
 gets the same bits). Up to :data:`mlcomm.ir.schedule.TURN_BYTES` the slot is one of the
 window's two turn areas, taken in turn, so a rank writes it without waiting for its peers
-to finish reading the previous collective (``Schedule.turns``). Larger vectors go in chunks
-of at most half a slot: each chunk is reduce-scattered (local rank j reduces part j of
-every slot into its slot's result area) and all-gathered (every rank copies every part from
-its owner's result area), two barriers a chunk, the next chunk's copy into the other half
-of the slot overlapping this chunk's gather; where the slot holds that many times over,
-the area rotates from one call to the next (``Schedule.rotates``, :data:`mlcomm.transport.
-window.ROTATIONS`). Where the node allows single-copy reads of a
-peer's memory (:mod:`mlcomm.transport.peer`), vectors of at least ``single_copy_bytes``
-skip the window: local rank j reads part j of every peer's input (a scratch chunk at a
-time), reduces it and writes each reduced chunk into every peer's output; a last barrier
-keeps every rank in the call until its peers have finished with its buffers. A barrier is a
-post of this rank's node flag and an await of every other rank's; a last post says this
-rank has finished reading the window, which the next collective's first awaits check before
-it writes its slot again.
+to finish reading the previous collective (``Schedule.turns``). Larger vectors go in
+chunks of at most half a slot: each chunk is reduce-scattered (local rank j reduces part j
+of every slot into its slot's result area) and all-gathered (every rank copies every part
+from its owner's result area), two barriers a chunk, the next chunk's copy into the other
+half of the slot overlapping this chunk's gather. Above the turn areas' size, where the
+slot holds that many times over, the area rotates from one call to the next
+(:func:`._window.need_same_slot`, :data:`mlcomm.transport.window.ROTATIONS`). Where the
+node allows single-copy reads of a peer's memory (:mod:`mlcomm.transport.peer`), vectors
+of at least ``single_copy_bytes`` skip the window: local rank j reads part j of every
+peer's input (a scratch chunk at a time), reduces it and writes each reduced chunk into
+every peer's output; a last barrier keeps every rank in the call until its peers have
+finished with its buffers. A barrier is a post of this rank's node flag and an await of
+every other rank's; a last post says this rank has finished reading the window, which the
+next collective's first awaits check before it writes its slot again.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from ..ir.schedule import INPUT, OUTPUT, TURN_BYTES, Region, Timeline, chunk_bou
 from ._common import elements
 from ._registry import register
 from ._window import (COPY, DEFAULT_SLOT_BYTES, SINGLE_COPY_BYTES, Barriers, await_addresses,
-                      one_node, read_steps, reduce_as_posted, reduce_from_peers, whole_node)
+                      need_same_slot, one_node, read_steps, reduce_as_posted,
+                      reduce_from_peers, whole_node)
 
 __all__ = ["build", "cost", "by_single_copy", "SMALL_BYTES", "CHUNK_BYTES"]
 
@@ -79,7 +80,7 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
     else:
         sync.begin(0)
     if small:
-        tl.need_slot(count)
+        need_same_slot(tl, count, itemsize)
         tl.copy(0, Region(slot(rank), 0, count), mine)
         posted = sync.post(1)
         t = reduce_as_posted(tl, 1, sync, posted, whole, 0, count)
@@ -94,8 +95,7 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
                          f"{L} ranks: give the window more bytes (MLCOMM_SHM_BYTES)")
     half = chunk + -(-chunk // L)  # the slot elements one chunk uses
     starts = list(range(0, count, chunk))
-    tl.need_slot(half * (2 if len(starts) > 1 else 1))
-    tl.rotates = True  # that need is the same on every rank of the node
+    need_same_slot(tl, half * (2 if len(starts) > 1 else 1), itemsize)
 
     def copy_in(t, c):
         """The chunk's parts that other ranks reduce, into this rank's slot half; its own

@@ -4,7 +4,8 @@ Each writes what it contributes into its own slot and posts it; readers await th
 posts and copy or reduce from the slots in place, in local-rank order (the same bits on
 every rank). A vector larger than half a slot goes in chunks through the two halves in
 turn; before a rank writes a half again it awaits the posts that say every reader has
-finished with it. Every rank posts equally often, and last after its last read.
+finished with it. Every rank posts equally often, and last after its last read. Above the
+turn areas' size a call's area of the slot rotates, as ``shared_memory``'s does.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from __future__ import annotations
 from ..ir.schedule import INPUT, OUTPUT, Region, Timeline, slot
 from ._common import elements
 from ._registry import register
-from ._window import (COPY, DEFAULT_SLOT_BYTES, Barriers, exchange, one_node, reduce_as_posted,
-                      whole_node)
+from ._window import (COPY, DEFAULT_SLOT_BYTES, Barriers, exchange, need_same_slot, one_node,
+                      reduce_as_posted, whole_node)
 
 __all__ = ["reduce_scatter", "allgather", "bcast", "reduce"]
 
@@ -37,7 +38,7 @@ def _window(tl, node, count, slot_bytes, itemsize):
     sync = Barriers(tl, node)
     sync.begin(0)
     chunk, starts = _chunks(count, slot_bytes, itemsize)
-    tl.need_slot(2 * chunk if len(starts) > 1 else chunk)
+    need_same_slot(tl, 2 * chunk if len(starts) > 1 else chunk, itemsize)
     return sync, chunk, starts
 
 
@@ -51,7 +52,7 @@ def reduce_scatter(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_S
     sync.begin(0)
     per = max(1, elements("slot_bytes", slot_bytes, itemsize) // 2 // size)
     chunk, starts = min(per, count), list(range(0, count, min(per, count)))
-    tl.need_slot(2 * size * chunk if len(starts) > 1 else size * chunk)
+    need_same_slot(tl, 2 * size * chunk if len(starts) > 1 else size * chunk, itemsize)
     me = node.index(rank)
 
     def write(t, c, base, a):

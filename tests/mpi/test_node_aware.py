@@ -281,3 +281,46 @@ def test_rotating_calls_meet_no_page_fault():
         del handle
     finally:
         comm.Free()
+
+
+@pytest.mark.parametrize("collective", ["bcast", "allgather", "reduce_scatter", "reduce"])
+def test_the_windows_other_collectives_take_the_slots_areas_in_turn(collective):
+    """bcast, allgather, reduce_scatter and reduce through the window above the turn areas'
+    size take the slot's areas in turn, as all-reduce does: back to back at two sizes, the
+    root moving, ranks delayed at random, every result exact; the window's rotation counts
+    every call."""
+    if not ONE_NODE or P == 1:
+        pytest.skip("needs one node of two ranks or more (one rank copies, without a window)")
+    import random
+    import time
+    from mlcomm.transport.window import ROTATIONS
+    rng = random.Random(RANK)
+    window = session.get(COMM).window()
+    start, wrong = window.rotation, []
+    calls = 2 * ROTATIONS + 3
+    for it in range(calls):
+        root = it % P
+        count = (3000, 7000)[it % 2]  # int64: 24 KB and 56 KB a rank
+        base = np.arange(count, dtype=np.int64)
+        x = base * (RANK + 1) + it
+        if rng.random() < 0.3:
+            time.sleep(rng.random() * 1e-4)
+        if collective == "bcast":
+            mlcomm.bcast(x, root, algorithm="shared_memory")
+            ok = np.array_equal(x, base * (root + 1) + it)
+        elif collective == "allgather":
+            got = mlcomm.allgather(x, algorithm="shared_memory")
+            ok = np.array_equal(got, np.concatenate([base * (r + 1) + it for r in range(P)]))
+        elif collective == "reduce_scatter":
+            blocks = np.concatenate([x + b for b in range(P)])
+            got = mlcomm.reduce_scatter(blocks, algorithm="shared_memory")
+            ok = np.array_equal(got, base * (P * (P + 1) // 2) + P * (it + RANK))
+        else:
+            got = mlcomm.reduce(x, None, "sum", root, algorithm="shared_memory")
+            ok = (got is None) if RANK != root else \
+                np.array_equal(got, base * (P * (P + 1) // 2) + P * it)
+        if not ok:
+            wrong.append(it)
+    agree(not wrong, f"{collective}: wrong results at calls {wrong[:5]}")
+    agree(window.rotation - start == calls,
+          f"{window.rotation - start} rotations in {calls} calls")
