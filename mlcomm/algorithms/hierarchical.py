@@ -8,7 +8,8 @@ handler, ``intra="direct"``), then all-reduced across the nodes by the ranks tha
 one per node, with the flat algorithm ``inter``, and finally copied to every rank of each
 node. Every node's ranks and links work at once, and nodes of any sizes fit (5 ranks as
 2 + 2 + 1: the single rank handles both parts). Through the window the parts go in
-rounds of half a slot, each part's inter-node all-reduce once over the whole part. Where
+rounds of half a slot, each part's inter-node all-reduce once over the whole part; above
+the turn areas' size a call's area of the slot rotates, as ``shared_memory``'s does. Where
 the node allows single-copy reads (as for ``shared_memory``), vectors of at least
 ``single_copy_bytes`` skip the window: a handler reads its parts of its peers' inputs,
 reduces them into its output and, once they are all-reduced across the nodes, writes them
