@@ -9,8 +9,8 @@ the slot of a program with ``turns``, which alternate from one such program's ru
 next. A program that ``rotates`` runs on as many areas of its size as the slot holds (at
 most :data:`ROTATIONS`, and only where it holds :data:`MIN_ROTATIONS`), the next one each run
 of such a program (every rank of the node runs the same collectives, so all take the same
-area); each rank maps the areas of every slot when its first binding on them is made, so
-no call pays page faults. Programs read and write
+area); each rank allocates and maps its slot's areas when its first binding on them is
+made, so that no call pays their page faults. Programs read and write
 slots with plain copies and reductions (the slots are buffers of the binding);
 :class:`NodeSync` is the transport of their node synchronisations (:class:`mlcomm.ir.program.
 Sync`):
@@ -63,11 +63,11 @@ _MADV_POPULATE_WRITE = 23  # Linux 5.14
 
 
 def _map_now(address: int, nbytes: int) -> None:
-    """Map the pages of ``nbytes`` at ``address`` (in the node window) into this process
-    now, so that no call pays their faults (a rotating call at 64 KiB on fresh areas: 70 us,
-    against 12): ``MADV_POPULATE_WRITE``, which maps them writable without touching them, or
-    where the kernel lacks it (EINVAL, before Linux 5.14), a read of each page. Where it
-    fails otherwise (/dev/shm full), the calls fault the pages in as they go, as before."""
+    """Allocate and map the pages of ``nbytes`` at ``address`` (in the node window) in this
+    process now, so that no call pays their faults (a rotating call at 64 KiB on fresh
+    areas: 70 us, against 12): ``MADV_POPULATE_WRITE``, which maps them writable without
+    touching them, or where the kernel lacks it (EINVAL, before Linux 5.14), a read of each
+    page. Where it fails otherwise (/dev/shm full), the calls fault the pages in."""
     page = mmap.PAGESIZE
     start = address // page * page
     length = -(-(address + nbytes - start) // page) * page
@@ -147,13 +147,13 @@ class NodeWindow:
         return [[s + k * area for s in self.slots] for k in range(count)], area
 
     def map_slots(self, nbytes: int) -> None:
-        """Map the first ``nbytes`` of every local rank's slot into this process now, this
-        rank's first (a rotating binding's areas: see :func:`_map_now`); what is mapped
-        stays mapped."""
+        """Allocate and map the first ``nbytes`` of this rank's slot now (a rotating
+        binding's areas: see :func:`_map_now`), on this rank's memory: it writes them first,
+        and its peers read them only after its posts. A peer's first read of an area maps
+        it in the peer (16 pages a fault where the kernel maps around a fault)."""
         if nbytes > self._mapped:
-            me = self.node.Get_rank()
-            for slot in [self.slots[me]] + self.slots[:me] + self.slots[me + 1:]:
-                _map_now(slot + self._mapped, nbytes - self._mapped)
+            mine = self.slots[self.node.Get_rank()]
+            _map_now(mine + self._mapped, nbytes - self._mapped)
             self._mapped = nbytes
 
     @property
