@@ -283,7 +283,8 @@ def _window(ranks, p, dtype, extra_shape):
 
 
 def run_local(schedules, inputs, reduce=np.add, in_place=False):
-    """Run all ranks' schedules; return each rank's output array.
+    """Run all ranks' schedules; return each rank's output array, and how many of its output
+    elements no step wrote.
 
     ``inputs[r]`` has ``schedules[r].input_count`` rows (extra trailing axes
     ride along).  ``reduce(dst, src, out=dst)`` is the reduction ufunc.
