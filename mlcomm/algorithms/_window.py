@@ -1,7 +1,8 @@
 """The node window's pieces that ``shared_memory``, ``hierarchical`` and the window's other
 collectives (:mod:`.shm_collectives`) share: the node's barriers, a slot need the same on
-every rank of the node (whose area may rotate), the rounds through a slot's two halves, reductions of the slots as their owners post them, single-copy reads
-of the peers' inputs and writes into their outputs, and where a window algorithm applies.
+every rank of the node (whose area may rotate), the rounds through a slot's two halves,
+reductions of the slots as their owners post them, single-copy reads of the peers' inputs
+and writes into their outputs, and where a window algorithm applies.
 """
 
 from __future__ import annotations

@@ -3,17 +3,16 @@
 :class:`NodeWindow` is one ``MPI_Win_allocate_shared`` window per node communicator: every
 rank's segment holds its flag (a 64-bit counter in a cache line of its own), the addresses
 of its current call's input and output (on the next cache line, for peers' single-copy
-reads, :mod:`mlcomm.transport.peer`), its slot, which the rank writes and every rank of
-the node reads in place, and its two turn areas (:data:`mlcomm.ir.schedule.TURN_BYTES` each),
+reads, :mod:`mlcomm.transport.peer`), its slot, which the rank writes and every rank of the
+node reads in place, and its two turn areas (:data:`mlcomm.ir.schedule.TURN_BYTES` each),
 the slot of a program with ``turns``, which alternate from one such program's run to the
 next. A program that ``rotates`` runs on as many areas of its size as the slot holds (at
-most :data:`ROTATIONS`, and only where it holds :data:`MIN_ROTATIONS`), the next one each run
-of such a program (every rank of the node runs the same collectives, so all take the same
-area); each rank allocates and maps its slot's areas when its first binding on them is
-made, so that no call pays their page faults. Programs read and write
-slots with plain copies and reductions (the slots are buffers of the binding);
-:class:`NodeSync` is the transport of their node synchronisations (:class:`mlcomm.ir.program.
-Sync`):
+most :data:`ROTATIONS`, and only where it holds :data:`MIN_ROTATIONS`), the next one each
+run of such a program (every rank of the node runs the same collectives, so all take the
+same area); each rank allocates and maps its slot's areas when its first binding on them is
+made, so that no call pays their page faults. Programs read and write slots with plain
+copies and reductions (the slots are buffers of the binding); :class:`NodeSync` is the
+transport of their node synchronisations (:class:`mlcomm.ir.program.Sync`):
 
 - a post stores this rank's input and output addresses, then ``base + count`` into its
   flag with release ordering;
