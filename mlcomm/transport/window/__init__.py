@@ -129,7 +129,7 @@ class NodeWindow:
         self.turn_address = self._turn.__array_interface__["data"][0]
         #: the area the node's next rotating collective takes (:meth:`rotations`)
         self.rotation = 0
-        self._mapped = 0  # the bytes of every slot mapped in advance (:meth:`rotations`)
+        self._mapped = 0  # bytes of this rank's slot allocated in advance (map_slots)
         win.Fence()  # the zeroed flags are visible to every rank before any post
         from ..peer import probe
         self.pids, self.single_copy_error = probe(node)
