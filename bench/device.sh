@@ -11,21 +11,28 @@
 # time limit, logs and results in OUT:
 #   0. the machine, and `mlcomm info` under each MPI (CUDA-awareness);
 #   1. the GPU tests with MLCOMM_TEST_GPU=1 (staged on the mpich wheel);
-#   2. the all-reduce on device buffers at P = 2 (`mlcomm bench --device cuda`,
-#      bench/gpu_staging.py);
+#   2. the all-reduce on device buffers at P = 2 (`mlcomm bench --device cuda`);
 #   3. bench/floor.py on cores 0 and 1, and 0 and 15: the round trip, and the hand-off with
 #      one area and with rotating areas (does rotating the window's areas pay on this node?);
 #      then bench/mpis.py at P = 4, 8 and 16 (or $RANKS), ranks pinned, on every MPI that
 #      starts;
-#   4. the direct path (tests/gpu_job.py --cupy, then the bench) on each MPI that says it is
-#      CUDA-aware, and on Intel MPI with I_MPI_OFFLOAD=1.
+#   4. bench/gpu_staging.py (where a staged call spends its time); the direct path
+#      (tests/gpu_job.py --cupy, then the bench) on each MPI that says it is CUDA-aware,
+#      and on Intel MPI with I_MPI_OFFLOAD=1.
+#
+# The whole run ends by $BUDGET seconds (default 540): each step's limit is cut to what is
+# left, and a step with under 15 s left is skipped.
 set -u
+END=$(( $(date +%s) + ${BUDGET:-540} ))
 W=$(realpath "$1"); OUT=$(realpath "$2"); mkdir -p "$OUT"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
 DV=/tmp/dv
 log() { echo "== $(date -u +%T) $*"; }
-step() { local t=$1 name=$2; shift 2; log "$name (limit ${t}s)"
+step() { local t=$1 name=$2; shift 2; local left=$(( END - $(date +%s) ))
+         [ $left -lt $t ] && t=$left
+         [ $t -lt 15 ] && { log "$name: skipped, ${left}s left"; return 1; }
+         log "$name (limit ${t}s)"
          timeout -k 5 "$t" "$@" >"$OUT/$name.log" 2>&1; local rc=$?
          log "$name: rc $rc"; tail -n 25 "$OUT/$name.log"; return $rc; }
 
@@ -68,18 +75,16 @@ step 60 info_impi_offload env I_MPI_OFFLOAD=1 I_MPI_OFFLOAD_MODE=cuda \
 log "MPIs that start: ${ok[*]}"
 
 log "warm Numba's cache"
-step 120 warm $DV/mpich/bin/mpiexec -n 2 $DV/mpich/bin/mlcomm bench -s 8,64K,16M -n 3 \
+step 90 warm $DV/mpich/bin/mpiexec -n 2 $DV/mpich/bin/mlcomm bench -s 8,64K,16M -n 3 \
     --check --no-progress
 
 cd "$ROOT"
 export PYTHONSAFEPATH=1  # the installed mlcomm, not the checkout's
-step 200 gpu_tests env MLCOMM_TEST_GPU=1 $DV/mpich/bin/python -m pytest -p no:cacheprovider \
+step 150 gpu_tests env MLCOMM_TEST_GPU=1 $DV/mpich/bin/python -m pytest -p no:cacheprovider \
     -q -ra tests/test_gpu_transport.py tests/test_kernels_cudasim.py
 
-step 90 gpu_bench $DV/mpich/bin/mpiexec -n 2 $DV/mpich/bin/mlcomm bench --device cuda \
+step 60 gpu_bench $DV/mpich/bin/mpiexec -n 2 $DV/mpich/bin/mlcomm bench --device cuda \
     -s 8,64K,1M,16M,64M --check --no-progress --output "$OUT/gpu_bench.json"
-step 60 gpu_staging $DV/mpich/bin/mpiexec -n 2 $DV/mpich/bin/python bench/gpu_staging.py \
-    --sizes 8,64K,4M,64M --iters 50
 for pair in 0,1 0,15; do
     step 60 floor_${pair/,/_} $DV/mpich/bin/python bench/floor.py --cores $pair \
         -s 8,16K,64K,256K,1M --repeats 3
@@ -89,6 +94,8 @@ for p in ${RANKS:-4 8 16}; do
     step 130 mpis_p$p $DV/mpich/bin/python bench/mpis.py --runs 3 -p $p --pin \
         --envs "${envs%,}" --output "$OUT/mpis_p$p.json"
 done
+step 60 gpu_staging $DV/mpich/bin/mpiexec -n 2 $DV/mpich/bin/python bench/gpu_staging.py \
+    --sizes 8,64K,4M,64M --iters 50
 for mpi in "${ok[@]}"; do
     V=$DV/$mpi
     env=(MLCOMM_CUDA_AWARE=1); flags=()
