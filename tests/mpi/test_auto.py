@@ -311,6 +311,53 @@ def test_after_a_probe_a_slow_first_call_is_not_called_again(fresh, monkeypatch)
           f"{fast}: {calls} {record}")
 
 
+@pytest.mark.parametrize("block_calls", [0, 1 << 30])
+def test_a_short_block_of_the_rounds_follows_an_untimed_call(fresh, monkeypatch, block_calls):
+    """A block of fewer than TRIAL_BLOCK_CALLS calls in the trial's rounds follows one
+    untimed call of its candidate (as the benchmark's blocks do), so it times a repeated
+    call: each candidate runs its first call, its warm calls, its timed calls and one call
+    more for each round it took part in; with TRIAL_BLOCK_CALLS = 0, none more."""
+    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
+    monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
+    monkeypatch.setattr(auto, "auto_candidates", lambda p, nodes: ["ring", "naive"])
+    monkeypatch.setattr(auto, "library_supports", lambda dtype, op: False)
+    monkeypatch.setattr(auto, "TRIAL_BLOCK_CALLS", block_calls)
+    comm, s = fresh
+    if P == 1:
+        pytest.skip("needs two ranks")
+    count = (64 << 10) // 4
+    order, runs, rounds = [], {}, {}
+    bind, round_order = auto._Arena.bind, auto.round_order
+
+    def counted(arena, plan, m):
+        binding = bind(arena, plan, m)
+        order.append(plan.algorithm)
+        run = binding.run
+
+        def run_counted():
+            runs[plan.algorithm] = runs.get(plan.algorithm, 0) + 1
+            run()
+        binding.run = run_counted
+        return binding
+
+    def counted_rounds(alive, r):
+        for i in alive:
+            rounds[order[i]] = rounds.get(order[i], 0) + 1
+        return round_order(alive, r)
+
+    monkeypatch.setattr(auto._Arena, "bind", counted)
+    monkeypatch.setattr(auto, "round_order", counted_rounds)
+    x = (np.arange(count) % 7 + RANK).astype(np.int32)
+    got = mlcomm.allreduce(x, comm=comm)
+    agree(np.array_equal(got, np.arange(count) % 7 * P + P * (P - 1) // 2), "not the exact sum")
+    record = s.trials[auto._band_key(count, x.dtype, "sum")]
+    agree(sum(rounds.values()) >= 2, f"no round ran: {record}")
+    for name in order:
+        untimed = rounds.get(name, 0) if block_calls else 0
+        want = 1 + auto.TRIAL_WARM + record["calls"][name] + untimed
+        agree(runs[name] == want, f"{name}: {runs[name]} calls, not {want}: {rounds} {record}")
+
+
 def test_a_rotating_candidate_is_timed_after_a_call_on_every_area(fresh, monkeypatch):
     """A candidate whose calls take the window's areas in turn (shared_memory at 64 KiB by
     the window) runs once on each before its warm calls are timed: a first call on an area
