@@ -92,8 +92,8 @@ for pair in 0,1 0,15; do
 done
 envs=$(for mpi in "${ok[@]}"; do printf '%s=%s,' $mpi $DV/$mpi; done)
 for p in ${RANKS:-4 8 16}; do
-    step 130 mpis_p$p env PYTHONPATH="$ROOT/bench" $DV/mpich/bin/python bench/mpis.py --runs 3 -p $p --pin \
-        --envs "${envs%,}" --output "$OUT/mpis_p$p.json"
+    step 130 mpis_p$p env PYTHONPATH="$ROOT/bench" $DV/mpich/bin/python bench/mpis.py \
+        --runs 3 -p $p --pin --envs "${envs%,}" --output "$OUT/mpis_p$p.json"
 done
 step 60 gpu_staging $DV/mpich/bin/mpiexec -n 2 $DV/mpich/bin/python bench/gpu_staging.py \
     --sizes 8,64K,4M,64M --iters 50

@@ -18,7 +18,7 @@ __all__ = ["node_of", "whole_node", "Barriers", "need_same_slot", "exchange",
 DEFAULT_SLOT_BYTES = 4 << 20
 #: vectors from this many bytes read their peers' inputs and write their outputs in place of
 #: the window's copies, where the node allows it; below, the window's rotating areas are
-#: faster (docs/nodes.rst: 64 KiB at P = 4, 8, 16 on a 16-core node, 1.2-2.1x)
+#: faster (docs/performance.rst, the 16-core node: 1.2-2.1x at 64 KiB and P = 4, 8, 16)
 SINGLE_COPY_BYTES = 128 << 10
 #: a single-copy reduce-scatter reads a peer's part this much at a time into scratch
 #: (``bench/cma_probe.py --read-chunk`` times other sizes)
