@@ -87,23 +87,29 @@ def test_the_probe_reads_a_peer_or_says_why_not(monkeypatch):
     assert probe(MPI.COMM_SELF)[1] == "MLCOMM_SINGLE_COPY=0"
 
 
+@pytest.mark.parametrize("write", [True, False], ids=["write", "read"])
 @pytest.mark.parametrize("advice", [True, False], ids=["madvise", "touch"])
-def test_shared_pages_are_mapped_in_advance(monkeypatch, advice):
+def test_shared_pages_are_mapped_in_advance(monkeypatch, advice, write):
     """The window maps a range of shared pages (from an unaligned address) before any call
-    stores into it: by MADV_POPULATE_WRITE, or by reading a byte of each page where the
-    kernel refuses it. Storing into the range afterwards takes no page fault."""
+    stores into it (``write``; before any call reads it, else): by MADV_POPULATE_WRITE
+    (MADV_POPULATE_READ), or by reading a byte of each page where the kernel refuses it.
+    Storing into (reading) the range afterwards takes no page fault."""
     import mmap
     import resource
-    if not advice:
-        monkeypatch.setattr(window, "_MADV_POPULATE_WRITE", -1)  # EINVAL, as before 5.14
+    if not advice:  # EINVAL, as before 5.14
+        monkeypatch.setattr(window, "_MADV_POPULATE_WRITE", -1)
+        monkeypatch.setattr(window, "_MADV_POPULATE_READ", -1)
     pages = 64
     shared = mmap.mmap(-1, pages * mmap.PAGESIZE, flags=mmap.MAP_SHARED)
     x = np.frombuffer(shared, np.uint8)
     start = ctypes.addressof(ctypes.c_char.from_buffer(shared))
-    window._map_now(start + 100, len(x) - 100)
+    window._map_now(start + 100, len(x) - 100, write)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    x[100:] = 7  # the first page from byte 100 on: the range starts there
+    if write:
+        x[100:] = 7  # the first page from byte 100 on: the range starts there
+    else:
+        x[100::mmap.PAGESIZE // 2].sum()
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-    assert faults < pages // 4, f"{faults} faults storing into {pages} mapped pages"
+    assert faults < pages // 4, f"{faults} faults on {pages} mapped pages"
     del x
     shared.close()

@@ -183,7 +183,8 @@ class Binding:
         if program.turns and compiled:  # the compiled loop picks the turn's frame
             self.frames[0].take_turns(self.frames[1], window.turn_address)
         self.loop = runs[0] if len(runs) == 1 or program.turns and compiled else \
-            _in_turn(runs, window) if program.turns else _in_rotation(runs, window)
+            _in_turn(runs, window) if program.turns else \
+            _in_rotation(runs, window, len(runs) * area_bytes)
         self._runs = runs
         #: bytes of its frames for other areas of the window (the binding cache counts them)
         self.areas_nbytes = (len(runs) - 1) * (AREA_FRAME_BYTES if compiled else
@@ -319,13 +320,19 @@ class _Unused(Transport):
         pass
 
 
-def _in_rotation(runs, window):
+def _in_rotation(runs, window, nbytes):
     """One call running the run of the window's next area (``window.rotation``); a run
-    that completes moves it on (see :func:`_in_turn`)."""
+    that completes moves it on (see :func:`_in_turn`). The first that completes maps the
+    first ``nbytes`` of the peers' slots (:meth:`NodeWindow.map_peers`)."""
+    mapped = []
+
     def run():
         code = runs[window.rotation % len(runs)]()
         if code == DONE:
             window.rotation += 1
+            if not mapped:
+                window.map_peers(nbytes)
+                mapped.append(True)
         return code
     return run
 
