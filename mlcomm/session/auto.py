@@ -84,12 +84,12 @@ TRIAL_SLOW_FIRST = 2.0
 #: it predicted naive 3.7x, single_master 4.9x, and the probe timed them 2.3-2.6x and
 #: 1.9-2.1x; at P = 16 it predicts 16x and 22x)
 TRIAL_MODEL_PRUNE = 3.0
-#: below TRIAL_PROBE_BYTES, the trial times of each way of moving data (:func:`_way`) the
-#: model's this many fastest: within a way the model's order rests on step counts and bytes,
-#: which the layout fixes, not on one transport's latency against another's (at P = 4 and
-#: 64 KiB on 2 cores it ranks recursive_doubling, parameter_server and
-#: recursive_halving_doubling first of the seven by messages, and they timed 70-91 us, the
-#: other four 77-104; shared_memory 22-32)
+#: the trial times (or probes) of each way of moving data (:func:`_way`) the model's this
+#: many fastest: within a way the model's order rests on step counts and bytes, which the
+#: layout fixes, not on one transport's latency against another's (at P = 4 and 64 KiB on
+#: 2 cores it ranks recursive_doubling, parameter_server and recursive_halving_doubling
+#: first of the seven by messages, and they timed 70-91 us, the other four 77-104;
+#: shared_memory 22-32)
 TRIAL_WAY_TOP = 3
 #: measured times within this factor of the fastest count as a tie (the model's order breaks it)
 TRIAL_TIE = 1.02
@@ -250,9 +250,9 @@ def auto_ran(session, collective, count, dtype, op, *, device=False):
 def _propose(collective, p, count, dtype, op, nodes, device, flat):
     """Rank 0's ``(choice, None)``, or ``(None, trial)`` when the candidates are to be timed:
     ``trial`` is ``[(name, options), ...]`` in the model's order, ``options`` a tuple of
-    items (a :data:`VARIANTS` entry, else empty): from :data:`TRIAL_PROBE_BYTES` those the
-    model predicts within :data:`TRIAL_MODEL_PRUNE` of its favourite and the library's call,
-    below it the model's :data:`TRIAL_WAY_TOP` fastest of each way (:func:`_way`)."""
+    items (a :data:`VARIANTS` entry, else empty): the model's :data:`TRIAL_WAY_TOP` fastest
+    of each way (:func:`_way`), from :data:`TRIAL_PROBE_BYTES` of those it predicts within
+    :data:`TRIAL_MODEL_PRUNE` of its favourite and the library's call."""
     mode, nbytes = config.auto_mode(), count * dtype.itemsize
     if collective != "allreduce" or flat or device or p == 1 or mode == "model":
         layout = tuple((r,) for r in range(p)) if flat else nodes
@@ -271,10 +271,8 @@ def _propose(collective, p, count, dtype, op, nodes, device, flat):
     if nbytes >= TRIAL_PROBE_BYTES:
         ranked = [name for name in ranked if name == MPI_NATIVE
                   or times[name] <= TRIAL_MODEL_PRUNE * times[ranked[0]]]
-    else:  # no probe thins them: of each way, the model's TRIAL_WAY_TOP
-        ways = [_way(name) for name in ranked]
-        ranked = [name for k, name in enumerate(ranked)
-                  if ways[:k].count(ways[k]) < TRIAL_WAY_TOP]
+    ways = [_way(name) for name in ranked]
+    ranked = [name for k, name in enumerate(ranked) if ways[:k].count(ways[k]) < TRIAL_WAY_TOP]
     if profile.tuned_choice(p, nbytes) == choice:
         if len(variants(choice)) == 1:
             return choice, None
