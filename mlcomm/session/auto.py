@@ -221,13 +221,16 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
     choice = session.choices.get(band)
     if choice is None:
         proposal = None
-        if session.rank == 0:
+        if session.rank == 0 or flat and p == 1:
             try:
                 proposal = _propose(collective, p, count, dtype, op, session.nodes, device, flat)
             except ValueError as exc:  # e.g. a bad MLCOMM_AUTO: every rank raises it
                 proposal = exc
-        agreed = session.agree(proposal, f"{collective} ({count} x {dtype}): auto's choice "
-                                          f"for a new size (mlcomm's agreement)")
+        # one node's inter-node phase has one rank, where every flat algorithm is the same
+        # copy: no rank need hear another's choice
+        agreed = proposal if flat and p == 1 else session.agree(
+            proposal, f"{collective} ({count} x {dtype}): auto's choice for a new size "
+                      f"(mlcomm's agreement)")
         if isinstance(agreed, Exception):
             raise agreed
         choice, trial = agreed

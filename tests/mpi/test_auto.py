@@ -117,6 +117,23 @@ def test_model_only(fresh, monkeypatch):
     agree(picked == [model], f"{picked} is not the model's {model}")
 
 
+def test_one_nodes_inter_choice_is_made_without_an_agreement(fresh, monkeypatch):
+    """hierarchical's inter-node algorithm is auto's choice for one rank per node; on one
+    node that phase has one rank, where every flat algorithm is the same copy, so each rank
+    takes the model's choice without a collective agreement; on several nodes the ranks
+    agree on it. The results are exact either way."""
+    comm, s = fresh
+    agreed = []
+    agree_once = s.agree
+    monkeypatch.setattr(s, "agree", lambda *a, **k: agreed.append(a[1:]) or agree_once(*a, **k))
+    x = np.arange(5000, dtype=np.int64) + RANK
+    got = mlcomm.allreduce(x, comm=comm, algorithm="hierarchical")
+    agree(np.array_equal(got, np.arange(5000) * P + P * (P - 1) // 2), "inexact")
+    inter = [v[0] for k, v in s.choices.items() if k[-1] is True]
+    agree(len(inter) == 1 and inter[0] in auto_candidates(len(s.nodes), s.nodes), str(inter))
+    agree(len(agreed) == (len(s.nodes) > 1), f"{len(s.nodes)} nodes: agreed {agreed}")
+
+
 def test_a_bad_mlcomm_auto_fails_every_rank(fresh, monkeypatch):
     monkeypatch.setenv("MLCOMM_AUTO", "fastest")
     comm, _ = fresh
