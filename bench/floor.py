@@ -1,5 +1,6 @@
 """The physical floor under an intra-node all-reduce: a cache-line round trip between two
-cores, one memcpy of the vector, and a hand-off of it between the two cores.
+cores, one memcpy of the vector (alone, and on both cores at once), and a hand-off of it
+between the two cores.
 
     python bench/floor.py                          # cores 0 and 1; 8 B, 64 KiB, 16 MiB
     python bench/floor.py --cores 0,8 -s 8,64K,1M,16M
@@ -10,6 +11,12 @@ node window uses for its flags); the time per exchange is the best of ``--repeat
 ``--rounds`` exchanges. The memcpy: ``numpy.copyto`` of the vector into another buffer, the
 median of timed copies, on one core. Both are the least one rank's data can cost to reach
 another, so an all-reduce of that size can be no faster than about the larger of the two.
+On both cores at once, two processes copy in step (a flag exchange before each copy), as
+the ranks of an all-reduce move their data together: where the cores share the memory's
+bandwidth, each copy of a large vector takes longer than one alone, and that is the floor
+of a rank that reads and writes a memcpy's worth of bytes, as two ranks do (mlcomm's
+single copies read a half from the peer and reduce it with its own into its output and the
+peer's).
 
 The hand-off is the window's write-once, read-by-all all-reduce of two ranks with nothing
 else: each process copies its vector into its own area of shared memory, raises its flag,
@@ -150,6 +157,41 @@ def hand_off(cores, nbytes, areas, rounds, repeats) -> float:
                          rounds, repeats)
 
 
+@njit(cache=True)
+def _meet(mine, theirs, i):
+    store_release(mine, i)
+    while load_acquire(theirs) < i:
+        pass
+
+
+def _copy_side(name, core, lead, nbytes, calls, results):
+    os.sched_setaffinity(0, {core})
+    shm = shared_memory.SharedMemory(name)
+    try:
+        raw = np.frombuffer(shm.buf, np.uint8)
+        flags = raw[:2 * LINE].ctypes.data
+        mine, theirs = (flags, flags + LINE) if lead else (flags + LINE, flags)
+        src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+        times = []
+        for i in range(1, calls + calls // 10 + 1):  # the first tenth warms up
+            _meet(mine, theirs, i)
+            t = time.perf_counter()
+            np.copyto(dst, src)
+            times.append(time.perf_counter() - t)
+        if lead:
+            results.put(statistics.median(times[calls // 10:]))
+    finally:
+        del raw
+        shm.close()
+
+
+def memcpy_together(nbytes, cores) -> float:
+    """Median seconds of ``numpy.copyto`` of ``nbytes`` on the lead core of ``cores`` while
+    the other copies as much, the two in step."""
+    calls = max(5, min(10000, (64 << 20) // max(nbytes, 1)))
+    return _on_two_cores(cores, 2 * LINE, _copy_side, nbytes, calls)
+
+
 def memcpy(nbytes, core) -> float:
     """Median seconds of ``numpy.copyto`` of ``nbytes`` into another buffer, on ``core``."""
     os.sched_setaffinity(0, {core})
@@ -187,6 +229,8 @@ def main(argv=None) -> int:
     for nbytes in (parse_size(s) for s in args.sizes.split(",")):
         size = format_size(nbytes)
         print(f"memcpy of {size} bytes: {memcpy(nbytes, cores[0]) * 1e6:.3f} us")
+        print(f"memcpy of {size} bytes on both cores at once: "
+              f"{memcpy_together(nbytes, cores) * 1e6:.3f} us")
         one = hand_off(cores, nbytes, 1, args.rounds, args.repeats)
         line = f"hand-off of {size} bytes: one area {one * 1e6:.3f} us"
         if area // nbytes >= 2:

@@ -15,7 +15,9 @@ algorithm (the lowest median) and ``auto`` (and what ``auto`` ran). The table gi
 with the worst mlcomm of the three MPIs (best algorithm, and ``auto``) over the fastest
 ``MPI_Allreduce`` of the three. Beside it, the physical floor (``bench/floor.py``): the
 cache-line round trip between two cores before every job, and one memcpy of each size before
-the first run and after the last; a shared machine that changes speed shows it there first.
+the first run and after the last, alone and on two cores at once (where the cores share the
+memory's bandwidth, the floor of two ranks that each move a memcpy's worth); a shared
+machine that changes speed shows it there first.
 ``--pin`` binds each rank to a core (on a machine with at least as many cores as ranks).
 ``-a`` times only those algorithms beside ``MPI_Allreduce`` and ``auto`` (``-a auto``: no
 best algorithm in the table). ``--plot`` draws the time against the size, one panel per rank
@@ -122,27 +124,31 @@ def table(results: dict, ranks: list, sizes: list) -> str:
 
 
 def measure_floor(sizes: list) -> dict:
-    """``{"round trip": µs, "memcpy": {bytes: µs}}`` between the first two cores this process
-    may use (one core twice where it has one); its core affinity is left as it was."""
+    """``{"round trip": µs, "memcpy": {bytes: µs}, "memcpy together": {bytes: µs}}`` between
+    the first two cores this process may use (one core twice where it has one; together: on
+    both at once); its core affinity is left as it was."""
     mine = os.sched_getaffinity(0)
     cores = sorted(mine)[:2] * (2 if len(mine) == 1 else 1)
     try:
         trip = floor.round_trip(cores, 20000, 3) * 1e6
         copies = {b: floor.memcpy(b, cores[0]) * 1e6 for b in sizes}
+        together = {b: floor.memcpy_together(b, cores) * 1e6 for b in sizes}
     finally:
         os.sched_setaffinity(0, mine)
-    return {"round trip": trip, "memcpy": copies}
+    return {"round trip": trip, "memcpy": copies, "memcpy together": together}
 
 
 def floor_lines(trips: dict, copies: list) -> str:
     """The floor beside the table: each MPI's round trips before its jobs, in job order, and
-    the memcpy of each size before and after."""
+    the memcpy of each size before and after (``copies``: :func:`measure_floor`'s), alone
+    and on two cores at once."""
     lines = ["cache-line round trip before each job (µs): " + "; ".join(
         f"{name} P={p}: " + ", ".join(f"{t:.2f}" for t in ts)
         for name, by_p in trips.items() for p, ts in by_p.items())]
-    for b in copies[0]:
+    for b in copies[0]["memcpy"]:
         lines.append(f"memcpy of {format_size(b)}: " + ", ".join(
-            f"{c[b]:.2f}" for c in copies) + " µs (before, after)")
+            f"{c['memcpy'][b]:.2f}" for c in copies) + " µs (before, after); on two cores "
+            "at once " + ", ".join(f"{c['memcpy together'][b]:.2f}" for c in copies))
     return "\n".join(lines)
 
 
@@ -201,7 +207,7 @@ def main(argv=None) -> int:
     jobs = {n: {p: [] for p in ranks} for n in envs}
     trips = {n: {p: [] for p in ranks} for n in envs}
     names = list(envs)
-    copies = [measure_floor(sizes)["memcpy"]]
+    copies = [measure_floor(sizes)]
     for run in range(args.runs):
         for p in ranks:
             for name in names[run % len(names):] + names[:run % len(names)]:
@@ -210,7 +216,7 @@ def main(argv=None) -> int:
                                              args.iters, args.algorithms))
                 print(f"run {run + 1}/{args.runs}: P = {p} on {name} done", file=sys.stderr,
                       flush=True)
-    copies.append(measure_floor(sizes)["memcpy"])
+    copies.append(measure_floor(sizes))
     results = {n: {p: summarise(jobs[n][p]) for p in ranks} for n in names}
     print(table(results, ranks, sizes))
     print(floor_lines(trips, copies))
@@ -220,7 +226,9 @@ def main(argv=None) -> int:
                                                                                sys.argv[1:])]),
               "round_trips_us": {n: {str(p): t for p, t in by_p.items()}
                                  for n, by_p in trips.items()},
-              "memcpy_us": [{str(b): t for b, t in c.items()} for c in copies],
+              "memcpy_us": [{str(b): t for b, t in c["memcpy"].items()} for c in copies],
+              "memcpy_together_us": [{str(b): t for b, t in c["memcpy together"].items()}
+                                     for c in copies],
               "results": {n: {str(p): {str(b): v for b, v in r.items()} for p, r in res.items()}
                           for n, res in results.items()}}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)

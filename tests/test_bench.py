@@ -475,6 +475,9 @@ def test_floor_times_a_round_trip_and_copies():
     assert [t[0] for t in times] == [f"cache-line round trip, cores {pair.replace(',', ' and ')}",
                                      "memcpy of 8 bytes", "memcpy of 64K bytes"], proc.stdout
     assert all(float(t[1]) > 0 for t in times), proc.stdout
+    together = re.findall(r"^memcpy of (8|64K) bytes on both cores at once: (\d+\.\d+) us$",
+                          proc.stdout, re.M)
+    assert [t[0] for t in together] == ["8", "64K"] and all(float(t[1]) > 0 for t in together)
     # the hand-off, by one area and by areas that rotate over --area (both sizes fit in 4M)
     hand_offs = re.findall(r"^hand-off of (8|64K) bytes: one area (\d+\.\d+) us"
                            r"(?:; areas over 4M: (\d+\.\d+) us)?$", proc.stdout, re.M)
@@ -512,8 +515,9 @@ def test_mpis_gives_the_table_with_the_floor_beside_it(tmp_path):
         proc.stdout  # auto is always timed
     assert re.search(r"^cache-line round trip before each job \(µs\): here P=2: "
                      r"\d+\.\d+, \d+\.\d+$", proc.stdout, re.M), proc.stdout
-    assert re.search(r"^memcpy of 4K: \d+\.\d+, \d+\.\d+ µs \(before, after\)$", proc.stdout,
-                     re.M), proc.stdout
+    assert re.search(r"^memcpy of 4K: \d+\.\d+, \d+\.\d+ µs \(before, after\); on two cores "
+                     r"at once \d+\.\d+, \d+\.\d+$", proc.stdout, re.M), proc.stdout
     record = json.loads(out.read_text())
     assert len(record["round_trips_us"]["here"]["2"]) == 2 and \
-        set(record["memcpy_us"][1]) == {"8", "4096"}, record
+        set(record["memcpy_us"][1]) == set(record["memcpy_together_us"][1]) == {"8", "4096"}, \
+        record
