@@ -145,7 +145,13 @@ def i64_array_at(typingctx, address):
 
 
 @lru_cache(maxsize=None)
+def libc():
+    """The C library, its calls setting ``ctypes.get_errno()`` (loaded once)."""
+    return ctypes.CDLL(None, use_errno=True)
+
+
+@lru_cache(maxsize=None)
 def libc_address(name: str) -> int:
     """The address of libc's function ``name`` (looked up once: a lookup opens the process's
     symbol table, 70 us)."""
-    return ctypes.cast(getattr(ctypes.CDLL(None), name), ctypes.c_void_p).value
+    return ctypes.cast(getattr(libc(), name), ctypes.c_void_p).value

@@ -17,7 +17,6 @@ them off.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from functools import lru_cache
 
@@ -25,7 +24,7 @@ import numpy as np
 from numba import carray
 
 from ... import config
-from ..cabi import call0, call6, i64_array_at, load_acquire
+from ..cabi import call0, call6, i64_array_at, libc, load_acquire
 from .. import FAULT, PATHS, SINGLE_COPY, Transport, compile_calls
 
 __all__ = ["probe", "PeerCopies", "bind"]
@@ -40,17 +39,12 @@ class _IoVec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 
-@lru_cache(maxsize=None)
-def _libc():
-    return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-
-
 _CALLS = ("process_vm_readv", "process_vm_writev")
 
 
 @lru_cache(maxsize=None)
 def _function(write: bool):
-    fn = getattr(_libc(), _CALLS[write])
+    fn = getattr(libc(), _CALLS[write])
     fn.restype = ctypes.c_ssize_t
     fn.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
                    ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong]
@@ -76,7 +70,7 @@ def _allow_readers() -> None:
     except OSError:
         return
     if scope == "1":
-        _libc().prctl(_PR_SET_PTRACER, _PR_SET_PTRACER_ANY, 0, 0, 0)
+        libc().prctl(_PR_SET_PTRACER, _PR_SET_PTRACER_ANY, 0, 0, 0)
 
 
 def probe(node) -> tuple:

@@ -35,7 +35,7 @@ import numpy as np
 from mpi4py import MPI
 from numba import carray
 
-from ..cabi import i64_array_at, load_acquire, store_release
+from ..cabi import i64_array_at, libc, load_acquire, store_release
 from ...ir.schedule import TURN_BYTES
 from .. import PATHS, WINDOW, Transport, compile_calls
 
@@ -72,9 +72,8 @@ def _map_now(address: int, nbytes: int, write: bool = True) -> None:
     page = mmap.PAGESIZE
     start = address // page * page
     length = -(-(address + nbytes - start) // page) * page
-    libc = ctypes.CDLL(None, use_errno=True)
     advice = _MADV_POPULATE_WRITE if write else _MADV_POPULATE_READ
-    if libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), advice) == 0 \
+    if libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), advice) == 0 \
             or ctypes.get_errno() != errno.EINVAL:
         return
     pages = np.frombuffer((ctypes.c_char * nbytes).from_address(address), np.uint8)
