@@ -60,12 +60,19 @@ def _exchange(mine, theirs, first, last, lead):
             store_release(mine, i)
 
 
+def _flags(shm, lead) -> tuple:
+    """``(bytes, mine, theirs)``: the shared memory ``shm`` as bytes, and the addresses of
+    this side's flag line and the other's, at its start."""
+    raw = np.frombuffer(shm.buf, np.uint8)
+    flags = raw[:2 * LINE].ctypes.data
+    return (raw, flags, flags + LINE) if lead else (raw, flags + LINE, flags)
+
+
 def _side(name, core, lead, rounds, repeats, results):
     os.sched_setaffinity(0, {core})
     shm = shared_memory.SharedMemory(name)
+    raw, mine, theirs = _flags(shm, lead)
     try:
-        base = np.frombuffer(shm.buf, np.uint8).ctypes.data
-        mine, theirs = (base, base + LINE) if lead else (base + LINE, base)
         _exchange(mine, theirs, 1, 1001, lead)  # compiled and warm on both sides
         best, first = float("inf"), 1001
         for _ in range(repeats):
@@ -76,6 +83,7 @@ def _side(name, core, lead, rounds, repeats, results):
         if lead:
             results.put(best)
     finally:
+        del raw
         shm.close()
 
 
@@ -127,9 +135,7 @@ def _hand_off_side(name, core, lead, nbytes, areas, rounds, repeats, results):
     os.sched_setaffinity(0, {core})
     shm = shared_memory.SharedMemory(name)
     try:
-        raw = np.frombuffer(shm.buf, np.uint8)
-        flags = raw[:2 * LINE].ctypes.data
-        mine, theirs = (flags, flags + LINE) if lead else (flags + LINE, flags)
+        raw, mine, theirs = _flags(shm, lead)
         slots = raw[2 * LINE:].view(np.float32).reshape(2, areas, nbytes // 4)
         own, other = (slots[0], slots[1]) if lead else (slots[1], slots[0])
         src, out = np.ones(nbytes // 4, np.float32), np.empty(nbytes // 4, np.float32)
@@ -167,10 +173,8 @@ def _meet(mine, theirs, i):
 def _copy_side(name, core, lead, nbytes, calls, results):
     os.sched_setaffinity(0, {core})
     shm = shared_memory.SharedMemory(name)
+    raw, mine, theirs = _flags(shm, lead)
     try:
-        raw = np.frombuffer(shm.buf, np.uint8)
-        flags = raw[:2 * LINE].ctypes.data
-        mine, theirs = (flags, flags + LINE) if lead else (flags + LINE, flags)
         src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
         times = []
         for i in range(1, calls + calls // 10 + 1):  # the first tenth warms up

@@ -2,6 +2,7 @@
 (MLCOMM_RANKS_PER_NODE), against MPI_Allreduce: exact for integers, the same bits on every
 rank and on a repeated call for floats."""
 
+import contextlib
 import zlib
 
 import numpy as np
@@ -257,20 +258,31 @@ def test_chunked_calls_take_the_slots_areas_in_turn(name):
               f"{session.own_bytes(binding) + binding.nbytes}")
 
 
-def test_a_rotating_binding_allocates_its_areas_of_this_ranks_slot():
-    """A rotating binding allocates and maps its areas of this rank's slot when it is made
-    (on this rank's memory: it writes them first): on a new communicator's window every
-    page of them is resident before the first call (a 64 KiB call that faulted its 16
-    pages, and the peer's, took 70 us against 12); the calls are exact."""
+@contextlib.contextmanager
+def _rotating_handle():
+    """``(comm, handle, output)``: a persistent shared_memory all-reduce of 64 KiB through
+    the window, whose areas rotate, on a new communicator; skips off one node of two ranks
+    or more (one rank copies, without a window)."""
     if not ONE_NODE or P == 1:
         pytest.skip("needs one node of two ranks or more (one rank copies, without a window)")
-    import ctypes
-    import mmap
     comm = COMM.Dup()
     try:
         x, y = np.ones(16384, np.float32), np.empty(16384, np.float32)
         handle = mlcomm.allreduce_init(x, y, comm=comm, algorithm="shared_memory",
                                        single_copy_bytes=1 << 62)
+        yield comm, handle, y
+    finally:
+        comm.Free()
+
+
+def test_a_rotating_binding_allocates_its_areas_of_this_ranks_slot():
+    """A rotating binding allocates and maps its areas of this rank's slot when it is made
+    (on this rank's memory: it writes them first): on a new communicator's window every
+    page of them is resident before the first call (a 64 KiB call that faulted its 16
+    pages, and the peer's, took 70 us against 12); the calls are exact."""
+    import ctypes
+    import mmap
+    with _rotating_handle() as (comm, handle, y):
         window = session.get(comm).window()
         areas = handle.binding.rotations
         mine = window.slots[window.node.Get_rank()]
@@ -286,9 +298,6 @@ def test_a_rotating_binding_allocates_its_areas_of_this_ranks_slot():
         for _ in range(areas + 1):
             handle()
         agree(np.all(y == P), f"y[:3] = {y[:3]}")
-        del handle
-    finally:
-        comm.Free()
 
 
 def test_a_rotating_bindings_first_call_maps_its_peers_areas():
@@ -296,14 +305,8 @@ def test_a_rotating_bindings_first_call_maps_its_peers_areas():
     areas by then), this rank maps the peers' areas too: its next pass over every area
     takes no page fault (without it, 47-89 a rank at P = 2 and 3), and the calls are
     exact."""
-    if not ONE_NODE or P == 1:
-        pytest.skip("needs one node of two ranks or more (one rank copies, without a window)")
     import resource
-    comm = COMM.Dup()
-    try:
-        x, y = np.ones(16384, np.float32), np.empty(16384, np.float32)
-        handle = mlcomm.allreduce_init(x, y, comm=comm, algorithm="shared_memory",
-                                       single_copy_bytes=1 << 62)
+    with _rotating_handle() as (_, handle, y):
         handle()
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for _ in range(handle.binding.rotations):
@@ -312,9 +315,6 @@ def test_a_rotating_bindings_first_call_maps_its_peers_areas():
         agree(faults < handle.binding.rotations // 4,
               f"{faults} page faults over {handle.binding.rotations} areas")
         agree(np.all(y == P), f"y[:3] = {y[:3]}")
-        del handle
-    finally:
-        comm.Free()
 
 
 @pytest.mark.parametrize("collective", ["bcast", "allgather", "reduce_scatter", "reduce"])
