@@ -301,8 +301,8 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     most :data:`TRIAL_FINALISTS` (the fastest of each way of moving data, :func:`_way`,
     within :data:`TRIAL_WAY_PRUNE` of the fastest, then the fastest of the rest) and the
     model's favourite, unless a form of it is among them (and none the model predicts
-    :data:`TRIAL_MODEL_PRUNE` slower is probed). Each candidate left is called once at the
-    full size to set up, then once on each other area of the window where it rotates (a
+    :data:`TRIAL_MODEL_PRUNE` slower is probed). Each candidate left is bound at the full
+    size, then, once the ranks are lined up, called once, then once on each other area of the window where it rotates (a
     first pass over 32 areas of 64 KiB: 10-12 us a call, then 5.5), then :data:`TRIAL_WARM`
     times (:data:`TRIAL_WARM_LARGE` after a probe; neither where that first call took
     :data:`TRIAL_SLOW_FIRST` times the fastest call before it), the fastest of those calls
@@ -312,7 +312,8 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     least :data:`TRIAL_BLOCK_SECONDS`; one of fewer than :data:`TRIAL_BLOCK_CALLS` calls
     follows an untimed call), each round dropping those whose median is
     :data:`TRIAL_DROP` slower than the best, until one is left, the rounds are done or the
-    budget, less the call to come, would not hold another call of each (below
+    budget, less the call to come (its binding and first call), would not hold another
+    call of each (below
     TRIAL_PROBE_BYTES, after :data:`TRIAL_MIN_ROUNDS` rounds at least); the medians decide
     (:func:`trial_pick`), or the fastest calls where no round ran. An entry whose schedule
     is an earlier one's on every rank is not timed. What it timed is kept in
@@ -357,13 +358,18 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     arena.reserve([plans[entry] for entry in trial], n)
     bindings = {}
     try:
-        # each candidate's first call (set-up, which lines the ranks up), then its warm
-        # calls, the fastest of which judges
+        # every candidate bound, then the ranks lined up once (each rank's set-up differs,
+        # and a first call after its own would wait for the slowest rank's); each
+        # candidate's first call, then its warm calls, the fastest of which judges
         warm = TRIAL_WARM_LARGE if probes else TRIAL_WARM
         first, basis = np.full(len(trial), np.inf), np.full(len(trial), np.inf)
-        sync()
+        setup = np.zeros(len(trial))
         for i, entry in enumerate(trial):
+            start = time.perf_counter()
             bindings[i] = arena.bind(plans[entry], n)
+            setup[i] = time.perf_counter() - start
+        sync()
+        for i in range(len(trial)):
             first[i] = _timed(bindings[i].run)
             if probes:  # the slowest rank's, as are the calls before: every rank skips alike
                 first[:i + 1], basis[:i] = np.split(_slowest(
@@ -374,13 +380,13 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
             for _ in range(bindings[i].rotations - 1):  # each area once: the first is slow
                 bindings[i].run()
             basis[i] = min(_timed(bindings[i].run) for _ in range(warm))
-        both, elapsed = _slowest(session, np.concatenate([first, basis]), began)
-        first, warmed = both[:len(trial)], both[len(trial):]
+        both, elapsed = _slowest(session, np.concatenate([first, basis, setup]), began)
+        first, warmed, setup = np.split(both, 3)
         # setting up only adds to a first call: where it was the faster, it stands
         basis = np.minimum(first, warmed)
         budget = TRIAL_STEADY * basis.min() + TRIAL_FLOOR
         # the call after the trial binds its pick anew: the rounds leave it that much
-        coming = first[np.argmin(basis)]
+        coming = setup[np.argmin(basis)] + first[np.argmin(basis)]
         ranked = np.argsort(basis, kind="stable")
         # and the model's favourite (first): single calls of ranks that share cores are
         # noise (P = 4 on 2 cores, 8 B: shared_memory's fastest of four took 14-74 us, its

@@ -375,6 +375,36 @@ def test_a_short_block_of_the_rounds_follows_an_untimed_call(fresh, monkeypatch,
         agree(runs[name] == want, f"{name}: {runs[name]} calls, not {want}: {rounds} {record}")
 
 
+@pytest.mark.parametrize("count", [2, auto.TRIAL_PROBE_BYTES // 4])
+def test_every_candidate_is_bound_before_the_first_call_at_the_full_size(fresh, monkeypatch,
+                                                                         count):
+    """The trial binds every candidate at the full size before any of them is called there
+    (a first call right after this rank's binding waits for the slowest rank's): the
+    events at the full size are every binding, then the calls. Exact results."""
+    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
+    monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
+    comm, s = fresh
+    if P == 1:
+        pytest.skip("needs two ranks")
+    events, bind = [], auto._Arena.bind
+
+    def logged(arena, plan, m):
+        binding = bind(arena, plan, m)
+        if m == count:
+            events.append("bind")
+            run = binding.run
+            binding.run = lambda: events.append("call") or run()
+        return binding
+
+    monkeypatch.setattr(auto._Arena, "bind", logged)
+    x = (np.arange(count) % 7 + RANK).astype(np.int32)
+    got = mlcomm.allreduce(x, comm=comm)
+    agree(np.array_equal(got, np.arange(count) % 7 * P + P * (P - 1) // 2), "not the exact sum")
+    binds = events.count("bind")
+    agree(binds >= 1 and events[:binds] == ["bind"] * binds and "bind" not in events[binds:],
+          f"{events[:20]}")
+
+
 def test_a_rotating_candidate_is_timed_after_a_call_on_every_area(fresh, monkeypatch):
     """A candidate whose calls take the window's areas in turn (shared_memory at 64 KiB by
     the window) runs once on each before its warm calls are timed: a first call on an area
