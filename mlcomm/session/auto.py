@@ -302,18 +302,18 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     within :data:`TRIAL_WAY_PRUNE` of the fastest, then the fastest of the rest) and the
     model's favourite, unless a form of it is among them (and none the model predicts
     :data:`TRIAL_MODEL_PRUNE` slower is probed). Each candidate left is bound at the full
-    size, then, once the ranks are lined up, called once, then once on each other area of the window where it rotates (a
-    first pass over 32 areas of 64 KiB: 10-12 us a call, then 5.5), then :data:`TRIAL_WARM`
-    times (:data:`TRIAL_WARM_LARGE` after a probe; neither where that first call took
-    :data:`TRIAL_SLOW_FIRST` times the fastest call before it), the fastest of those calls
-    standing for it, the first included (setting up only adds to it); of those called again,
-    the :data:`TRIAL_FINALISTS` fastest, those within :data:`TRIAL_PRUNE` of the fastest and
-    the model's favourite are then timed in rounds of interleaved blocks (a block lasts at
-    least :data:`TRIAL_BLOCK_SECONDS`; one of fewer than :data:`TRIAL_BLOCK_CALLS` calls
-    follows an untimed call), each round dropping those whose median is
-    :data:`TRIAL_DROP` slower than the best, until one is left, the rounds are done or the
-    budget, less the call to come (its binding and first call), would not hold another
-    call of each (below
+    size; once the ranks are lined up, each is called once, then once on each other area of
+    the window where it rotates (a first pass over 32 areas of 64 KiB: 10-12 us a call, then
+    5.5), then :data:`TRIAL_WARM` times (:data:`TRIAL_WARM_LARGE` after a probe; neither
+    where that first call took :data:`TRIAL_SLOW_FIRST` times the fastest call before it),
+    the fastest of those calls standing for it, the first included (setting up only adds to
+    it); of those called again, the :data:`TRIAL_FINALISTS` fastest, those within
+    :data:`TRIAL_PRUNE` of the fastest and the model's favourite are then timed in rounds of
+    interleaved blocks (a block lasts at least :data:`TRIAL_BLOCK_SECONDS`; one of fewer
+    than :data:`TRIAL_BLOCK_CALLS` calls follows an untimed call), each round dropping those
+    whose median is :data:`TRIAL_DROP` slower than the best, until one is left, the rounds
+    are done or the budget, less the call to come (its binding and first call), would not
+    hold another call of each (below
     TRIAL_PROBE_BYTES, after :data:`TRIAL_MIN_ROUNDS` rounds at least); the medians decide
     (:func:`trial_pick`), or the fastest calls where no round ran. An entry whose schedule
     is an earlier one's on every rank is not timed. What it timed is kept in

@@ -11,9 +11,9 @@ most :data:`ROTATIONS`, and only where it holds :data:`MIN_ROTATIONS`), the next
 run of such a program (every rank of the node runs the same collectives, so all take the
 same area); each rank allocates and maps its slot's areas when its first binding on them is
 made, and maps its peers' once its first call on them has completed, so that no later call
-pays their page faults. Programs read and write slots with plain
-copies and reductions (the slots are buffers of the binding); :class:`NodeSync` is the
-transport of their node synchronisations (:class:`mlcomm.ir.program.Sync`):
+pays their page faults. Programs read and write slots with plain copies and reductions (the
+slots are buffers of the binding); :class:`NodeSync` is the transport of their node
+synchronisations (:class:`mlcomm.ir.program.Sync`):
 
 - a post stores this rank's input and output addresses, then ``base + count`` into its
   flag with release ordering;
