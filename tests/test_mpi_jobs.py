@@ -51,8 +51,10 @@ def test_a_failure_on_one_rank_ends_the_suite_job_in_seconds(tmp_path):
 
 @pytest.mark.parametrize("per_node,nprocs", [(1, 2), (2, 5), (3, 7), (2, 8), (3, 4), (1, 4)])
 def test_node_aware_suite_on_virtual_nodes(per_node, nprocs):
-    """shared_memory and hierarchical on nodes of 1, 2 and 3 ranks (uneven last nodes)."""
-    proc = mpirun(nprocs, ["-m", "pytest", f"{SUITE}/test_node_aware.py", "--with-mpi", "-q",
+    """shared_memory, hierarchical and auto's trial on nodes of 1, 2 and 3 ranks (uneven
+    last nodes: a node of one rank has no window, so its bindings do not rotate)."""
+    proc = mpirun(nprocs, ["-m", "pytest", f"{SUITE}/test_node_aware.py",
+                           f"{SUITE}/test_auto.py", "--with-mpi", "-q",
                            "-x", "-ra", "-p", "no:cacheprovider", "-o", "addopts="], timeout=600,
                   env={"MLCOMM_MPI_SUITE": "1", "MLCOMM_RANKS_PER_NODE": str(per_node)})
     assert_suite_passed(proc)

@@ -303,8 +303,8 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     model's favourite, unless a form of it is among them (and none the model predicts
     :data:`TRIAL_MODEL_PRUNE` slower is probed). Each candidate left is bound at the full
     size; once the ranks are lined up, each is called once, then once on each other area of
-    the window where it rotates (a first pass over 32 areas of 64 KiB: 10-12 us a call, then
-    5.5), then :data:`TRIAL_WARM` times (:data:`TRIAL_WARM_LARGE` after a probe; neither
+    the window where it rotates (as often on every rank: a node of one rank does not rotate;
+    a first pass over 32 areas of 64 KiB: 10-12 us a call, then 5.5), then :data:`TRIAL_WARM` times (:data:`TRIAL_WARM_LARGE` after a probe; neither
     where that first call took :data:`TRIAL_SLOW_FIRST` times the fastest call before it),
     the fastest of those calls standing for it, the first included (setting up only adds to
     it); of those called again, the :data:`TRIAL_FINALISTS` fastest, those within
@@ -368,7 +368,11 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
             start = time.perf_counter()
             bindings[i] = arena.bind(plans[entry], n)
             setup[i] = time.perf_counter() - start
-        sync()
+        # the pass over the window's areas makes as many calls on every rank as where the
+        # binding rotates most (a node of one rank has no window, and does not rotate);
+        # agreeing on it lines the ranks up
+        passes = _everywhere(session, np.array([bindings[i].rotations - 1
+                                                for i in range(len(trial))], np.int64))
         for i in range(len(trial)):
             first[i] = _timed(bindings[i].run)
             if probes:  # the slowest rank's, as are the calls before: every rank skips alike
@@ -377,7 +381,7 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
                 if first[i] >= TRIAL_SLOW_FIRST * np.minimum(first[:i], basis[:i]).min(
                         initial=np.inf):
                     continue
-            for _ in range(bindings[i].rotations - 1):  # each area once: the first is slow
+            for _ in range(passes[i]):  # each area once: the first is slow
                 bindings[i].run()
             basis[i] = min(_timed(bindings[i].run) for _ in range(warm))
         both, elapsed = _slowest(session, np.concatenate([first, basis, setup]), began)
@@ -501,13 +505,20 @@ def _timed(run) -> float:
     return time.perf_counter() - start
 
 
+def _everywhere(session, values, largest=True):
+    """``values`` (an array, reduced in place) the largest (else the smallest) over the
+    ranks, the same on every rank: a collective wait, watched as the trial's."""
+    from mpi4py import MPI
+    op = MPI.MAX if largest else MPI.MIN
+    session.watch.wait(lambda: session.comm.Iallreduce(MPI.IN_PLACE, values, op=op),
+                       "auto's trial", roll=False)
+    return values
+
+
 def _slowest(session, times, began) -> tuple:
     """``(times, elapsed)``: ``times`` reduced to the slowest rank's, and the seconds since
     ``began`` on the slowest rank, the same on every rank."""
-    from mpi4py import MPI
-    both = np.append(times, time.perf_counter() - began)
-    session.watch.wait(lambda: session.comm.Iallreduce(MPI.IN_PLACE, both, op=MPI.MAX),
-                       "auto's trial", roll=False)
+    both = _everywhere(session, np.append(times, time.perf_counter() - began))
     return both[:-1], float(both[-1])
 
 
@@ -549,15 +560,13 @@ def distinct_plans(session, trial, count, dtype, op):
     entry's on every rank (a window variant where the node refuses single-copy reads;
     ``hierarchical``'s single copies on one node, which are ``shared_memory``'s), and each
     entry's plan for ``count`` elements, keyed by ``(name, options)``."""
-    from mpi4py import MPI
     plans = {(name, options): plan_for(session, "allreduce", name, count, dtype, op,
                                        dict(options))
              for name, options in trial}
     schedules = [plans[name, options].schedule for name, options in trial]
-    same = np.array([[j < i and schedules[i] == schedules[j] for j in range(len(trial))]
-                     for i in range(len(trial))], np.int32)
-    session.watch.wait(lambda: session.comm.Iallreduce(MPI.IN_PLACE, same, op=MPI.MIN),
-                       "auto's trial", roll=False)
+    same = _everywhere(session, np.array(
+        [[j < i and schedules[i] == schedules[j] for j in range(len(trial))]
+         for i in range(len(trial))], np.int32), largest=False)
     return [t for t, row in zip(trial, same) if not row.any()], plans
 
 
