@@ -304,7 +304,8 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     :data:`TRIAL_MODEL_PRUNE` slower is probed). Each candidate left is bound at the full
     size; once the ranks are lined up, each is called once, then once on each other area of
     the window where it rotates (as often on every rank: a node of one rank does not rotate;
-    a first pass over 32 areas of 64 KiB: 10-12 us a call, then 5.5), then :data:`TRIAL_WARM` times (:data:`TRIAL_WARM_LARGE` after a probe; neither
+    a first pass over 32 areas of 64 KiB: 10-12 us a call, then 5.5), then
+    :data:`TRIAL_WARM` times (:data:`TRIAL_WARM_LARGE` after a probe; neither
     where that first call took :data:`TRIAL_SLOW_FIRST` times the fastest call before it),
     the fastest of those calls standing for it, the first included (setting up only adds to
     it); of those called again, the :data:`TRIAL_FINALISTS` fastest, those within
@@ -390,8 +391,8 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
         basis = np.minimum(first, warmed)
         budget = TRIAL_STEADY * basis.min() + TRIAL_FLOOR
         # the call after the trial binds its pick anew: the rounds leave it that much
-        coming = setup[np.argmin(basis)] + first[np.argmin(basis)]
         ranked = np.argsort(basis, kind="stable")
+        coming = setup[ranked[0]] + first[ranked[0]]
         # and the model's favourite (first): single calls of ranks that share cores are
         # noise (P = 4 on 2 cores, 8 B: shared_memory's fastest of four took 14-74 us, its
         # rounds' median 8, and it was left out in 2 of 4 trials)

@@ -234,9 +234,8 @@ def test_a_trial_keeps_to_its_budget(fresh, monkeypatch, count):
         return
     # the calls counted at their times (the lesser of the median of the rounds and the
     # fastest warm call before them, on which the first round's blocks were sized): a rank
-    # descheduled in the rounds (ranks may outnumber cores; under a loaded machine's a
-    # 40 us call's median took 1.8 ms) adds to what the trial spent, not to what it chose
-    # to run
+    # descheduled in the rounds (ranks may outnumber cores; on a loaded machine a 40 us
+    # call's median took 1.8 ms) adds to what the trial spent, not to what it chose to run
     warm = auto.TRIAL_WARM_LARGE if big else auto.TRIAL_WARM
     setup = sum(auto.TRIAL_PROBE_CALLS * t for times in record["probed"]
                 for t in times.values()) + \
