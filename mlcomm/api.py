@@ -16,7 +16,7 @@ from .algorithms import AUTO, COLLECTIVES, MPI_NATIVE
 from .buffers import device, gpu, staging, tensors
 from .buffers.device import DeviceVector
 from .runtime.progress import Request
-from .session import BOUND_CALLS, MISS, BoundCall, call_key, remembers, runner
+from .session import BOUND_CALLS, LAST_CALL, MISS, BoundCall, call_key, remembers, runner
 from .session import get as session_of
 from .session.auto import agreed_choice, plan_for, requested
 from .transport.mpi.names import op_name
@@ -117,10 +117,15 @@ def _run(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, opti
 def _repeat(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options):
     """What a repeat of a call seen before returns, run by its bound call; else MISS."""
     if validate is None and not _VALIDATE:
-        bound = BOUND_CALLS.get(call_key(sendbuf, recvbuf, algorithm))
-        if bound is not None:
-            return bound.repeat(collective, sendbuf, recvbuf, op, comm, algorithm, root,
-                                options)
+        result = LAST_CALL[0](collective, sendbuf, recvbuf, op, comm, algorithm, root, options)
+        if result is MISS:
+            bound = BOUND_CALLS.get(call_key(sendbuf, recvbuf, algorithm))
+            if bound is not None:
+                result = bound.repeat(collective, sendbuf, recvbuf, op, comm, algorithm, root,
+                                      options)
+                if result is not MISS:
+                    LAST_CALL[0] = bound.repeat
+        return result
     return MISS
 
 
@@ -404,11 +409,15 @@ def allreduce(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None, val
     place.  ``algorithm`` defaults to ``MLCOMM_ALGORITHM`` or ``auto``;
     ``options`` are the algorithm's (``servers=``, ``segment_bytes=`` ...).
     """
-    if validate is None:  # a repeat: its bound call runs it (see _run)
+    if validate is None:  # a repeat: the call that ran last, else its bound call (see _run)
+        result = LAST_CALL[0]("allreduce", sendbuf, recvbuf, op, comm, algorithm, 0, options)
+        if result is not MISS:
+            return result
         bound = BOUND_CALLS.get(id(sendbuf if recvbuf is None else recvbuf) + id(algorithm))
         if bound is not None:
             result = bound.repeat("allreduce", sendbuf, recvbuf, op, comm, algorithm, 0, options)
             if result is not MISS:
+                LAST_CALL[0] = bound.repeat
                 return result
     return _run("allreduce", sendbuf, recvbuf, op, comm, algorithm, 0, validate, options)
 

@@ -105,6 +105,37 @@ def test_alternating_algorithms_on_one_buffer_stay_repeats():
             seen[name] = bound
 
 
+def test_the_last_call_repeats_without_a_lookup_and_is_forgotten_with_its_communicator():
+    """A repeat of the call that ran last runs its bound call straight from
+    ``LAST_CALL``; another call misses it and is looked up; freeing the communicator
+    forgets it, so it keeps nothing of the communicator alive."""
+    sub = COMM.Dup()
+    x, y = np.arange(5, dtype=np.int64) + RANK, np.empty(5, np.int64)
+    z = np.empty(5, np.int64)
+    for trial in range(3):
+        mlcomm.allreduce(x, y, algorithm="ring", comm=sub)
+        mlcomm.allreduce(x, z, op="max", algorithm="ring", comm=sub)
+    bound = session.BOUND_CALLS[session.call_key(x, z, "ring")]
+    agree(session.LAST_CALL[0] is bound.repeat, "the last call is not the one kept")
+    calls = []
+    real = bound.repeat
+
+    def counted(*args):
+        calls.append(args[0])
+        return real(*args)
+    session.LAST_CALL[0] = counted  # a repeat of the max now runs through it, once per call
+    x += 1
+    got = mlcomm.allreduce(x, z, op="max", algorithm="ring", comm=sub)
+    agree(got is z and np.array_equal(z, reference(COMM, x, "max")) and calls == ["allreduce"],
+          f"the last call ran {len(calls)} times")
+    got = mlcomm.allreduce(x, y, algorithm="ring", comm=sub)  # misses it: looked up
+    agree(got is y and np.array_equal(y, reference(COMM, x, "sum")) and len(calls) == 2,
+          "another call was not looked up")
+    agree(session.LAST_CALL[0] is session.BOUND_CALLS[session.call_key(x, y, "ring")].repeat)
+    sub.Free()
+    agree(session.LAST_CALL[0] is session._no_call, "a freed communicator's call is kept")
+
+
 def test_a_call_with_options_repeats_until_its_options_change():
     x, y = np.arange(4099, dtype=np.int64) + RANK, np.empty(4099, np.int64)
     bound = []
