@@ -78,7 +78,9 @@ def _check_options(collective, algorithm, options):
 
 
 def _validate_across_ranks(session, signature, error):
-    """Compare call signatures over ranks; raise the same error on every rank on mismatch."""
+    """Compare call signatures over ranks; raise the same error on every rank on mismatch
+    (once the started calls are complete, as :meth:`~mlcomm.session.Session.agree`)."""
+    session.wait_started()
     session.watch.barrier(session.comm, "validate=True's comparison of the calls")
     everyone = session.comm.allgather((signature, None if error is None else str(error)))
     failed = {r: e for r, (_, e) in enumerate(everyone) if e is not None}

@@ -11,8 +11,10 @@ The thread is started on first use and stopped with the session, after the start
 are complete: at the end of the script (:func:`mlcomm.session.end_of_job`) or when the
 communicator is freed. A call that failed and was never waited for is reported then
 (:meth:`Progress.unwaited`), never dropped in silence. mpi4py initialises MPI with
-``MPI_THREAD_MULTIPLE`` by default, which this needs: the caller's thread may plan (and
-agree on ``auto``'s choice) while the progress thread moves messages.
+``MPI_THREAD_MULTIPLE`` by default, which this needs: the caller's thread may plan and bind
+while the progress thread moves messages. A collective of the caller's thread on the same
+communicator (``auto``'s agreement on a new size, ``validate=True``'s comparison) first waits
+for the started calls, which may run the library's collectives there.
 """
 
 from __future__ import annotations

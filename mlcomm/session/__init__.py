@@ -528,7 +528,11 @@ class Session:
     # agreement
     def agree(self, value, what="mlcomm's agreement across the ranks"):
         """Rank 0's ``value`` on every rank (collective; a watched wait until every rank is
-        here, ``what`` naming it)."""
+        here, ``what`` naming it), once the started calls are complete: a started call may
+        run the library's collectives on this communicator in the progress thread, and two
+        threads' collectives on one communicator can meet in a different order on each rank
+        (which hung a job)."""
+        self.wait_started()
         self.watch.barrier(self.comm, what, sleep=True)
         return self.comm.bcast(value if self.rank == 0 else None, root=0)
 

@@ -17,6 +17,18 @@ def agree(ok, message=""):
     assert not ranks, f"failed on ranks {ranks}: {message}"
 
 
+def runs_here(names, collective="allreduce", comm=COMM) -> list:
+    """``names`` less the algorithms that cannot run on ``comm``'s node layout, as their
+    registry entries say (``shared_memory`` across nodes); None and ``auto`` stay. The suite
+    runs on virtual nodes too (``MLCOMM_RANKS_PER_NODE``), where ``test_node_aware.py``
+    checks the error that the others raise."""
+    from mlcomm import session
+    from mlcomm.algorithms import COLLECTIVES, Layout
+    layout = Layout(comm.Get_size(), session.get(comm).nodes)
+    return [n for n in names
+            if n in (None, "auto") or COLLECTIVES[collective][n].applies(layout)]
+
+
 class DeviceLike:
     """Exposes ``__cuda_array_interface__`` only: checks must refuse it before any CUDA call."""
     __cuda_array_interface__ = {"shape": (4,), "typestr": "<f8", "data": (0, False),

@@ -12,11 +12,11 @@ import mlcomm
 from mlcomm.benchmark import verify
 from mlcomm.benchmark.verify import close, reference, sample
 
-from mpi_helpers import COMM, agree
+from mpi_helpers import COMM, agree, runs_here
 
 pytestmark = pytest.mark.mpi
 P, RANK = COMM.Get_size(), COMM.Get_rank()
-ALGOS = sorted(mlcomm.ALGORITHMS)
+ALGOS = runs_here(sorted(mlcomm.ALGORITHMS))
 COUNTS = sorted({0, 1, max(P - 1, 1), P, P + 1, 997, 100_003})
 
 

@@ -10,11 +10,11 @@ from mlcomm.runtime.binding import Binding, Settings
 from mlcomm.runtime.frame import compiled_supports
 from mlcomm.benchmark.verify import close, reference, sample
 
-from mpi_helpers import COMM, agree
+from mpi_helpers import COMM, agree, runs_here
 
 pytestmark = pytest.mark.mpi
 P, RANK = COMM.Get_size(), COMM.Get_rank()
-HAND_WRITTEN = sorted(n for n in mlcomm.ALGORITHMS if n not in ("mpi", "auto"))
+HAND_WRITTEN = runs_here(sorted(n for n in mlcomm.ALGORITHMS if n not in ("mpi", "auto")))
 OPS = ("sum", "prod", "min", "max", "band", "bor", "bxor", "land", "lor")
 
 
@@ -165,7 +165,7 @@ def test_recvbuf_none_returns_a_new_array_every_call():
     agree(np.array_equal(first, x * P) and np.array_equal(second, x * P))
 
 
-@pytest.mark.parametrize("name", ["ring", "shared_memory", "mpi", None])
+@pytest.mark.parametrize("name", runs_here(["ring", "shared_memory", "mpi", None]))
 def test_a_small_allreduce_into_a_new_array_repeats_bound(name):
     """A small all-reduce with no output array, called again on the same input, runs bound
     to an output of its own from then on: no planning or binding, a new array each call

@@ -7,13 +7,14 @@ import pytest
 from mpi4py import MPI
 
 import mlcomm
+from mlcomm import session
 from mlcomm.benchmark.verify import reference
 
-from mpi_helpers import COMM, agree
+from mpi_helpers import COMM, agree, runs_here
 
 pytestmark = pytest.mark.mpi
 P, RANK = COMM.Get_size(), COMM.Get_rank()
-ALGOS = sorted(mlcomm.ALGORITHMS)
+ALGOS = runs_here(sorted(mlcomm.ALGORITHMS))
 
 
 @pytest.mark.parametrize("name", ALGOS)
@@ -25,6 +26,28 @@ def test_many_outstanding_requests_are_exact(name):
     for x, y, r in zip(xs, ys, requests):
         agree(r.wait() is y and np.array_equal(y, reference(COMM, x, "sum")), f"{name}")
         agree(r.test(), "test() after wait()")
+
+
+@pytest.mark.parametrize("validate", [False, True])
+def test_a_collective_of_the_callers_thread_waits_for_the_started_calls(validate):
+    """A new size's agreement on auto's choice and validate=True's comparison are
+    collectives on the communicator, as the library's calls that a started call may run in
+    the progress thread are; two threads' collectives on one communicator can meet in a
+    different order on each rank (an iallreduce under auto at a new size hung so on nodes
+    of 3, 3 and 1). Each waits until the started calls are complete."""
+    s = session.get(COMM)
+    done = []
+
+    def slow():
+        time.sleep(0.2)
+        done.append(True)
+    request = s.start(slow)
+    if validate:
+        mlcomm.allreduce(np.ones(3), validate=True, algorithm="ring")
+    else:
+        s.agree(None, "the test's agreement")
+    agree(done == [True], "a collective of the caller's thread ran beside a started call")
+    request.wait()
 
 
 def test_requests_complete_in_the_order_they_were_started():

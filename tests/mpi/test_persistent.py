@@ -7,13 +7,13 @@ from mpi4py import MPI
 import mlcomm
 from mlcomm.benchmark.verify import reference
 
-from mpi_helpers import COMM, DeviceLike, agree
+from mpi_helpers import COMM, DeviceLike, agree, runs_here
 
 pytestmark = pytest.mark.mpi
 P, RANK = COMM.Get_size(), COMM.Get_rank()
 
 
-@pytest.mark.parametrize("name", sorted(mlcomm.ALGORITHMS))
+@pytest.mark.parametrize("name", runs_here(sorted(mlcomm.ALGORITHMS)))
 def test_each_call_reduces_the_current_contents(name):
     for count in (1, P + 2, 1001):
         x, y = np.empty(count, np.int64), np.empty(count, np.int64)

@@ -27,11 +27,10 @@ import mlcomm
 from mlcomm import api, session
 from mlcomm.kernels import BFLOAT16, OPS, is_supported, supported_dtypes
 
-from mpi_helpers import COMM, agree
+from mpi_helpers import COMM, agree, runs_here
 
 pytestmark = pytest.mark.mpi
 P, RANK = COMM.Get_size(), COMM.Get_rank()
-ONE_NODE = len(session.get(COMM).nodes) == 1
 DTYPES = supported_dtypes()
 PAIRS = [(dt, op) for dt in DTYPES for op in OPS if is_supported(dt, op)]
 #: the ops that mpi4py code passes as MPI.Op constants (avg has none)
@@ -351,9 +350,7 @@ def test_comm_collectives_run_the_algorithm_they_are_given(collective, monkeypat
     fresh = COMM.Dup()
     lacking = {"allreduce": "binary_tree", "reduce_scatter": "naive", "allgather": "naive",
                "bcast": "ring", "reduce": "ring"}[collective]
-    names = [n for n in mlcomm.COLLECTIVES[collective] if n != "auto"]
-    if not ONE_NODE:
-        names.remove("shared_memory")
+    names = runs_here([n for n in mlcomm.COLLECTIVES[collective] if n != "auto"], collective)
     dt = np.dtype(np.int32)
     for k, name in enumerate([*names, lacking]):
         comm = mlcomm.Comm(fresh, algorithm=name)
@@ -477,8 +474,7 @@ def test_allreduce_iallreduce_and_allreduce_init_meet_new_sizes_under_auto():
 
 
 #: each collective's algorithms, by the name a user passes (None: auto)
-ALGORITHMS = {c: [None, *(n for n in mlcomm.COLLECTIVES[c] if n != "auto"
-                          and (ONE_NODE or n != "shared_memory"))]
+ALGORITHMS = {c: runs_here([None, *(n for n in mlcomm.COLLECTIVES[c] if n != "auto")], c)
               for c in ("reduce_scatter", "allgather", "bcast", "reduce")}
 
 
