@@ -272,6 +272,15 @@ def main():
                 elif res is not None:
                     failures.append(f"rank {rank} reduce {name}: non-root got a result")
 
+    # iallreduce on device arrays: the whole call (its staging, auto's agreement on a new
+    # size) runs on the progress thread, after the calls started before it
+    for name in ("ring", "auto"):
+        hosts = [host_data(rng, np.dtype(np.float32), n, rank) for n in (5, 300)]
+        requests = [mlcomm.iallreduce(dev.put(h), algorithm=name) for h in hosts]
+        for h, r in zip(hosts, requests):
+            check(f"iallreduce {name} {h.size}", dev.get(r.wait(), np.dtype(np.float32)),
+                  reference(comm, h, np.dtype(np.float32), "sum"), np.dtype(np.float32))
+
     # validate=True: a bad device buffer on the last rank fails every rank instead of hanging
     good = dev.put(np.zeros(8, np.float32))
     bad = dev.put(np.zeros(16, np.float32))[::2] if rank == p - 1 else good

@@ -104,7 +104,11 @@ class Progress:
 
     def drain(self, timeout=None) -> bool:
         """Wait until every started request is complete (at most ``timeout`` seconds); True
-        when they are."""
+        when they are. On the progress thread itself (a device array's ``iallreduce`` runs
+        its whole call there) every request started before the running one is complete,
+        and the later ones wait for it: nothing to wait for."""
+        if threading.current_thread() is self._thread:
+            return True
         last = self._last
         return last is None or last._done.wait(timeout)
 
