@@ -234,6 +234,7 @@ def _bind_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate
     """
     comm = _comm(comm)
     session = session_of(comm, collective)
+    session.before_planning()
     p, rank = session.size, session.rank
     validate = _validating(validate)
     signature, error, plan_args = None, None, None
@@ -440,7 +441,7 @@ def iallreduce(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None, va
         session = session_of(_comm(comm))
         run = partial(_run_device, "allreduce", sendbuf, recvbuf, op, comm, algorithm, 0,
                       validate, dict(options))
-        return session.start(run, keep=(sendbuf, recvbuf))  # run() returns the result
+        return session.start(run, keep=(sendbuf, recvbuf), plans=True)  # run() returns it
     return istart("allreduce", sendbuf, recvbuf, op, comm=comm, algorithm=algorithm,
                   validate=validate, **options)
 

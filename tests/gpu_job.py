@@ -273,13 +273,32 @@ def main():
                     failures.append(f"rank {rank} reduce {name}: non-root got a result")
 
     # iallreduce on device arrays: the whole call (its staging, auto's agreement on a new
-    # size) runs on the progress thread, after the calls started before it
-    for name in ("ring", "auto"):
-        hosts = [host_data(rng, np.dtype(np.float32), n, rank) for n in (5, 300)]
-        requests = [mlcomm.iallreduce(dev.put(h), algorithm=name) for h in hosts]
-        for h, r in zip(hosts, requests):
-            check(f"iallreduce {name} {h.size}", dev.get(r.wait(), np.dtype(np.float32)),
-                  reference(comm, h, np.dtype(np.float32), "sum"), np.dtype(np.float32))
+    # size) runs on the progress thread, after the calls started before it; host calls at
+    # new sizes, made meanwhile, plan and bind once it is done (one thread at a time)
+    f32 = np.dtype(np.float32)
+    for k, name in enumerate(("ring", "auto", "shared_memory")):
+        if direct and ALGORITHMS[name].window:
+            continue
+        hosts = [host_data(rng, f32, n + k, rank) for n in (5, 300, 2000)]
+        requests = [mlcomm.iallreduce(dev.put(h), algorithm=name) for h in hosts[:2]]
+        requests.append(mlcomm.iallreduce(hosts[2], algorithm=name))
+        got = [dev.get(r.wait(), f32) for r in requests[:2]] + [requests[2].wait()]
+        blocking = mlcomm.allreduce(hosts[2] * 2, algorithm=name)
+        for h, g in zip(hosts, got):
+            check(f"iallreduce {name} {h.size}", g, reference(comm, h, f32, "sum"), f32)
+        check(f"allreduce after iallreduce {name}", blocking,
+              reference(comm, hosts[2] * 2, f32, "sum"), f32)
+    fresh = comm.Dup()  # its session and window set up while both threads want them
+    for k in range(0 if direct else 20):  # new sizes for both threads at once, each time
+        d, h = dev.put(np.full(1000 + 17 * k, rank + k, f32)), np.full(3000 + 51 * k, rank + k)
+        requests = [mlcomm.iallreduce(d, algorithm="shared_memory", comm=fresh),
+                    mlcomm.iallreduce(h, algorithm="shared_memory", comm=fresh)]
+        want = p * k + p * (p - 1) // 2
+        cases += 1
+        if not (np.all(dev.get(requests[0].wait(), f32) == want)
+                and np.all(requests[1].wait() == want)):
+            failures.append(f"rank {rank} device and host iallreduce {k}: wrong sums")
+    fresh.Free()
 
     # validate=True: a bad device buffer on the last rank fails every rank instead of hanging
     good = dev.put(np.zeros(8, np.float32))

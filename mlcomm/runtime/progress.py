@@ -14,7 +14,9 @@ communicator is freed. A call that failed and was never waited for is reported t
 ``MPI_THREAD_MULTIPLE`` by default, which this needs: the caller's thread may plan and bind
 while the progress thread moves messages. A collective of the caller's thread on the same
 communicator (``auto``'s agreement on a new size, ``validate=True``'s comparison) first waits
-for the started calls, which may run the library's collectives there.
+for the started calls, which may run the library's collectives there. A device array's
+``iallreduce`` plans and binds its call on the progress thread itself; while one is started
+and not complete, a call made meanwhile waits for it before it plans (:attr:`Progress.planning`).
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class Progress:
         self._cond = threading.Condition()
         self._thread = None
         self._last = None  # the request started last
+        self._planner = None  # the request started last that plans on this thread
         self._stopping = False
         self._failed: list = []  # requests that failed, until :meth:`unwaited` looks
 
@@ -87,8 +90,17 @@ class Progress:
         last = self._last
         return last is not None and not last._done.is_set()
 
-    def start(self, run, finish=None, result=None, keep=(), binding=None) -> Request:
-        """Start ``run()`` (then ``finish()``) after every request started before it."""
+    @property
+    def planning(self) -> bool:
+        """Whether a started request that plans and binds on this thread (a device array's
+        ``iallreduce``) is not complete yet."""
+        planner = self._planner
+        return planner is not None and not planner._done.is_set()
+
+    def start(self, run, finish=None, result=None, keep=(), binding=None,
+              plans=False) -> Request:
+        """Start ``run()`` (then ``finish()``) after every request started before it;
+        ``plans``: ``run`` plans and binds its call itself (see :attr:`planning`)."""
         request = Request(run, finish, result, keep, binding)
         if binding is not None:
             binding.busy += 1
@@ -99,6 +111,8 @@ class Progress:
                 self._thread.start()
             self._queue.append(request)
             self._last = request
+            if plans:
+                self._planner = request
             self._cond.notify()
         return request
 

@@ -502,8 +502,9 @@ class Session:
         return [e.binding for e in BINDINGS.entries.values() if e.session is self]
 
     # non-blocking calls
-    def start(self, run, finish=None, result=None, keep=(), binding=None):
-        """Start ``run`` on the progress thread, after every call started before it."""
+    def start(self, run, finish=None, result=None, keep=(), binding=None, plans=False):
+        """Start ``run`` on the progress thread, after every call started before it
+        (``plans``: ``run`` plans and binds its call there, as a device array's does)."""
         from mpi4py import MPI as _MPI
         if self.progress is None:
             if _MPI.Query_thread() < _MPI.THREAD_MULTIPLE:
@@ -511,11 +512,18 @@ class Session:
                                    "default); this job initialised MPI with a lower level "
                                    "(mpi4py.rc.thread_level or MPI_Init_thread)")
             self.progress = Progress(f"mlcomm-progress-{self.rank}")
-        return self.progress.start(run, finish, result, keep, binding)
+        return self.progress.start(run, finish, result, keep, binding, plans)
 
     def wait_started(self):
         """Wait for every started call (a blocking call's messages must not meet theirs)."""
         if self.progress is not None:
+            self.progress.drain()
+
+    def before_planning(self):
+        """Wait for the started calls while one of them plans and binds on the progress
+        thread (a device array's ``iallreduce``): the session's plans, bindings and node
+        collectives are set up by one thread at a time (two at once crashed a job)."""
+        if self.progress is not None and self.progress.planning:
             self.progress.drain()
 
     # agreement
