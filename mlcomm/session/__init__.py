@@ -291,10 +291,8 @@ def runner(session, run, binding, finish, result=None):
 def _repeat(bound, collective, op, comm, root, sendbuf, recvbuf, run, finish, answer,
             fresh=None):
     """The bound call's ``repeat``: one closure, since it is the whole cost of a repeated
-    call (about 0.3 us at 8 bytes, as much as the call's own loop and its peer's). It checks
-    the call, runs :func:`runner`'s call and returns the argument that the call returns (the
-    checks made it the remembered buffer), or a copy of ``fresh``, the bound call's own
-    output.
+    call. It runs :func:`runner` and returns the argument that the call returns (the checks
+    made it the remembered buffer), or a copy of ``fresh``, the bound call's own output.
 
     What can change in place is checked too: the dtype (a new size needs a resize, which
     NumPy refuses on a weakly referenced array); a tensor's storage (``set_``, ``resize_``).
@@ -303,39 +301,27 @@ def _repeat(bound, collective, op, comm, root, sendbuf, recvbuf, run, finish, an
         bound.options
     binding = bound.binding
     call = runner(bound.session, run, binding, finish)
-    alive = binding if binding is not None else _ALIVE
     gives = 2 if answer is recv_ref else 1 if answer is send_ref else 0
     send, send_memory = _layout(sendbuf)
     recv, recv_memory = _layout(recvbuf)
-    storage = send_memory is not None or recv_memory is not None
 
     def repeat(collective_, sendbuf, recvbuf, op_, comm_, algorithm_, root_, options_):
         if (recv_ref() is not recvbuf or send_ref() is not sendbuf or op_ is not op
                 or algorithm_ is not algorithm or comm_ is not comm
                 or collective_ is not collective or root_ != root or options_ != options
-                or not alive.live
+                or (binding is not None and not binding.live)
                 or (send is not None and sendbuf.dtype is not send)
                 or (recv is not None and recvbuf.dtype is not recv)
-                or storage and (
-                    (send_memory is not None
-                     and (sendbuf.data_ptr(), sendbuf.numel()) != send_memory)
-                    or (recv_memory is not None
-                        and (recvbuf.data_ptr(), recvbuf.numel()) != recv_memory))):
+                or (send_memory is not None
+                    and (sendbuf.data_ptr(), sendbuf.numel()) != send_memory)
+                or (recv_memory is not None
+                    and (recvbuf.data_ptr(), recvbuf.numel()) != recv_memory)):
             return MISS
         call()
         if fresh is not None:
             return fresh.copy()
         return recvbuf if gives == 2 else sendbuf if gives == 1 else None
     return repeat
-
-
-class _Alive:
-    """What a bound call without a binding (the ``mpi`` algorithm) checks: always live."""
-
-    live = True
-
-
-_ALIVE = _Alive()
 
 
 def _layout(buf):
