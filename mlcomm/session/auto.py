@@ -59,6 +59,12 @@ TRIAL_PROBE_BYTES = 1 << 20
 TRIAL_PROBE_CALLS = 3
 TRIAL_PROBE_PRUNE = 1.5
 TRIAL_FINALISTS = 3
+#: more of those within TRIAL_PROBE_PRUNE go on while the budget left after the probe holds
+#: this many calls of each finalist at its probe time scaled to the size (its binding, its
+#: first call and its warm one): a way's protocol can change between a sixteenth and the
+#: whole (at 2 MiB and P = 4 on Intel MPI, ring took 104-127 us on 128 KiB against
+#: recursive_halving_doubling's 78-86, and 0.81 ms on 2 MiB against 0.98)
+TRIAL_FINALIST_CALLS = 3
 #: the model's favourite goes on within this factor of the probe's fastest too: a probe
 #: right after a barrier can misjudge (at P = 4 on 2 cores it timed shared_memory 1.2-1.9x
 #: slower than ring at 1 MiB; at 16 MiB shared_memory is 1.4x faster), unless another form
@@ -70,7 +76,8 @@ TRIAL_FAVOURITE_PRUNE = 2.0
 #: and about half of shared_memory's time at 128 KiB)
 TRIAL_WAY_PRUNE = 3.0
 #: each candidate's fastest of this many calls after its first stands for it (a first call
-#: is mostly set-up); from TRIAL_PROBE_BYTES, of TRIAL_WARM_LARGE
+#: is mostly set-up); from TRIAL_PROBE_BYTES, of TRIAL_WARM_LARGE, and one more where the budget left after the probe holds a call of each finalist (at 2 MiB and
+#: P = 4 on 2 cores a second call took 1.5-2.5x the steady one: 1.6-2.9 ms against 1.0)
 TRIAL_WARM = 3
 TRIAL_WARM_LARGE = 1
 #: after a probe, a candidate whose first call takes this much longer than the fastest call
@@ -297,15 +304,16 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
 
     The trial, set-up included, aims at a budget: :data:`TRIAL_STEADY` calls of its fastest
     candidate plus :data:`TRIAL_FLOOR` seconds. From :data:`TRIAL_PROBE_BYTES` on, the
-    candidates are first timed on a sixteenth of the size (:func:`_probe`), which leaves at
-    most :data:`TRIAL_FINALISTS` (the fastest of each way of moving data, :func:`_way`,
-    within :data:`TRIAL_WAY_PRUNE` of the fastest, then the fastest of the rest) and the
+    candidates are first timed on a sixteenth of the size (:func:`_probe`), which leaves the
+    fastest of each way of moving data (:func:`_way`) within :data:`TRIAL_WAY_PRUNE` of the
+    fastest, then the fastest of the rest up to :data:`TRIAL_FINALISTS` in all and more
+    while the budget holds :data:`TRIAL_FINALIST_CALLS` full-size calls of each, and the
     model's favourite, unless a form of it is among them (and none the model predicts
     :data:`TRIAL_MODEL_PRUNE` slower is probed). Each candidate left is bound at the full
     size; once the ranks are lined up, each is called once, then once on each other area of
     the window where it rotates (as often on every rank: a node of one rank does not rotate;
     a first pass over 32 areas of 64 KiB: 10-12 us a call, then 5.5), then
-    :data:`TRIAL_WARM` times (:data:`TRIAL_WARM_LARGE` after a probe; neither
+    :data:`TRIAL_WARM` times (after a probe :data:`TRIAL_WARM_LARGE` times, or once more where the budget holds it; neither
     where that first call took :data:`TRIAL_SLOW_FIRST` times the fastest call before it),
     the fastest of those calls standing for it, the first included (setting up only adds to
     it); of those called again, the :data:`TRIAL_FINALISTS` fastest, those within
@@ -328,7 +336,8 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     sync = lambda: session.watch.barrier(session.comm, "auto's trial", roll=False)
     probes = [n // 16] if n * dtype.itemsize >= TRIAL_PROBE_BYTES else []
     record = {"probes": [int(m) for m in probes], "probed": [], "first": {}, "warm": {},
-              "calls": {}, "median": {}}
+              "warm_calls": 0, "calls": {}, "median": {}}
+    spare = False
     for m in probes:  # cheap calls on a smaller size thin out the candidates
         trial, plans = distinct_plans(session, trial, m, dtype, op)
         times, elapsed = _slowest(session, _probe(arena, [plans[entry] for entry in trial],
@@ -348,6 +357,14 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
         rest = [i for i in order
                 if i not in leaders and times[i] <= TRIAL_PROBE_PRUNE * times.min()]
         ranked = (leaders + rest)[:max(TRIAL_FINALISTS, len(leaders))]
+        cost = TRIAL_FINALIST_CALLS * n / m * times  # each at the full size
+        left = TRIAL_STEADY * n / m * times.min() + TRIAL_FLOOR - elapsed - cost[ranked].sum()
+        for i in rest[len(ranked) - len(leaders):]:  # then as many more as the budget holds
+            if cost[i] > left:
+                break
+            ranked.append(i)
+            left -= cost[i]
+        spare = bool(left >= n / m * times[ranked].sum())  # a second warm call of each
         if times[0] <= TRIAL_FAVOURITE_PRUNE * times.min() and \
                 all(trial[i][0] != trial[0][0] for i in ranked):
             ranked.append(0)  # the model's favourite, unless a form of it goes on
@@ -362,7 +379,7 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
         # every candidate bound, then the ranks lined up once (each rank's set-up differs,
         # and a first call after its own would wait for the slowest rank's); each
         # candidate's first call, then its warm calls, the fastest of which judges
-        warm = TRIAL_WARM_LARGE if probes else TRIAL_WARM
+        warm = TRIAL_WARM_LARGE + spare if probes else TRIAL_WARM
         first, basis = np.full(len(trial), np.inf), np.full(len(trial), np.inf)
         setup = np.zeros(len(trial))
         for i, entry in enumerate(trial):
@@ -432,7 +449,7 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
             binding.free()
     pick = alive[trial_pick([trial[i][1] for i in alive], [estimate[i] for i in alive])]
     labels = [_label_of(entry) for entry in trial]
-    record.update(first=dict(zip(labels, first.tolist())),
+    record.update(first=dict(zip(labels, first.tolist())), warm_calls=warm,
                   warm={label: t for label, t in zip(labels, warmed.tolist()) if t < np.inf},
                   calls=dict(zip(labels, calls.tolist())),
                   median={labels[i]: estimate[i] for i in range(len(trial)) if calls[i]})

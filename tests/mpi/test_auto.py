@@ -200,10 +200,12 @@ def test_shared_memory_gives_the_same_bits_by_reads_and_through_its_window(fresh
 def test_a_trial_keeps_to_its_budget(fresh, monkeypatch, count):
     """A new size's first call times at most TRIAL_STEADY calls of its fastest candidate
     plus TRIAL_FLOOR seconds, by counting its calls: from 1 MiB, TRIAL_PROBE_CALLS calls
-    of each candidate on a sixteenth of the size, which leaves at most TRIAL_FINALISTS (the
-    fastest of each way of moving data among them, within TRIAL_WAY_PRUNE of the fastest)
-    and the model's favourite; each candidate left is called once at the full size, then
-    TRIAL_WARM times (TRIAL_WARM_LARGE after a probe); then timed rounds only while the
+    of each candidate on a sixteenth of the size, which leaves TRIAL_FINALISTS (the
+    fastest of each way of moving data among them, within TRIAL_WAY_PRUNE of the fastest),
+    more only where the probe's budget holds TRIAL_FINALIST_CALLS of each at the full
+    size, and the model's favourite; each candidate left is called once at the full size,
+    then TRIAL_WARM times (after a probe TRIAL_WARM_LARGE, or one more); then timed rounds
+    only while the
     budget holds a call of every candidate left, so a round oversteps it by at most one
     call each. Every count and time in the account is the slowest rank's, so the account
     and the pick are the same on every rank."""
@@ -221,12 +223,19 @@ def test_a_trial_keeps_to_its_budget(fresh, monkeypatch, count):
     agree(len(record["probed"]) == len(record["probes"]), str(record))
     if big:  # the probe keeps the finalists, each way's fastest, and the model's favourite
         probed = record["probed"][0]
-        agree(set(record["first"]) <= set(probed)
-              and len(record["first"]) <= auto.TRIAL_FINALISTS + 1, str(record))
         leaders = {}
         for label in sorted(probed, key=probed.get):
             if probed[label] <= auto.TRIAL_WAY_PRUNE * min(probed.values()):
                 leaders.setdefault(auto._way(label.split()[0]), label)
+        # past TRIAL_FINALISTS (and the favourite), only what the probe's budget holds
+        costs = [auto.TRIAL_FINALIST_CALLS * 16 * probed[label] for label in record["first"]]
+        held = auto.TRIAL_STEADY * 16 * min(probed.values()) + auto.TRIAL_FLOOR
+        agree(set(record["first"]) <= set(probed)
+              and (len(costs) <= max(auto.TRIAL_FINALISTS, len(leaders)) + 1
+                   or sum(costs) - max(costs) <= held), f"{held} {record}")
+        agree(not record["first"] or record["warm_calls"] in (auto.TRIAL_WARM_LARGE,
+                                                               auto.TRIAL_WARM_LARGE + 1),
+              str(record))
         agree(not record["first"] or set(leaders.values()) <= set(record["first"]),
               f"each way's fastest in the probe goes on: {leaders}, {record}")
     if not record["first"]:  # one candidate was left after the probe: it decided
@@ -236,7 +245,7 @@ def test_a_trial_keeps_to_its_budget(fresh, monkeypatch, count):
     # fastest warm call before them, on which the first round's blocks were sized): a rank
     # descheduled in the rounds (ranks may outnumber cores; on a loaded machine a 40 us
     # call's median took 1.8 ms) adds to what the trial spent, not to what it chose to run
-    warm = auto.TRIAL_WARM_LARGE if big else auto.TRIAL_WARM
+    warm = record["warm_calls"] if big else auto.TRIAL_WARM
     setup = sum(auto.TRIAL_PROBE_CALLS * t for times in record["probed"]
                 for t in times.values()) + \
         sum(record["first"].values()) + warm * sum(record["warm"].values())
@@ -328,6 +337,61 @@ def test_after_a_probe_a_slow_first_call_is_not_called_again(fresh, monkeypatch)
           f"{slow} was called again after its slow first call: {calls} {record}")
     agree(calls[fast] >= 1 + auto.TRIAL_WARM_LARGE and record["pick"] == fast,
           f"{fast}: {calls} {record}")
+
+
+@pytest.mark.parametrize("floor", [0.0, 0.5])
+def test_after_a_probe_the_budget_decides_how_many_go_on_and_their_warm_calls(
+        fresh, monkeypatch, floor):
+    """After a probe, TRIAL_FINALISTS go on to the full size, and more of those within
+    TRIAL_PROBE_PRUNE where the budget left holds TRIAL_FINALIST_CALLS calls of each; each
+    is then called TRIAL_WARM_LARGE times after its first call, or once more where the
+    budget holds that too. With no floor (the budget is ten calls of 16 us) neither: three
+    finalists, one warm call each and no round; with a floor of half a second, every
+    candidate probed goes on and is called twice more at least. The result is exact."""
+    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
+    monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
+    flat = ["ring", "single_master", "parameter_server", "naive", "double_binary_tree",
+            "recursive_doubling"]
+    monkeypatch.setattr(auto, "auto_candidates", lambda p, nodes: list(flat))
+    monkeypatch.setattr(auto, "library_supports", lambda dtype, op: False)
+    monkeypatch.setattr(auto, "TRIAL_MODEL_PRUNE", float("inf"))
+    monkeypatch.setattr(auto, "TRIAL_WAY_TOP", len(flat))
+    monkeypatch.setattr(auto, "TRIAL_SLOW_FIRST", float("inf"))
+    monkeypatch.setattr(auto, "TRIAL_FLOOR", floor)
+    # an even probe, the model's order kept: every candidate within TRIAL_PROBE_PRUNE
+    monkeypatch.setattr(auto, "_probe",
+                        lambda arena, plans, m, sync: np.linspace(1, 1.4, len(plans)) * 1e-6)
+    comm, s = fresh
+    if P == 1:
+        pytest.skip("needs two ranks")
+    count = auto.TRIAL_PROBE_BYTES // 4
+    calls, bind = {}, auto._Arena.bind
+
+    def counted(arena, plan, m):
+        binding = bind(arena, plan, m)
+        run = binding.run
+
+        def run_counted():
+            calls[plan.algorithm] = calls.get(plan.algorithm, 0) + 1
+            run()
+        binding.run = run_counted
+        return binding
+
+    monkeypatch.setattr(auto._Arena, "bind", counted)
+    x = (np.arange(count) % 7 + RANK).astype(np.int32)
+    got = mlcomm.allreduce(x, comm=comm)
+    agree(np.array_equal(got, np.arange(count) % 7 * P + P * (P - 1) // 2), "not the exact sum")
+    record = s.trials[auto._band_key(count, x.dtype, "sum")]
+    probed, first = record["probed"][0], record["first"]
+    agree(len(probed) > auto.TRIAL_FINALISTS, f"too few distinct candidates: {record}")
+    if floor:
+        agree(set(first) == set(probed) and record["warm_calls"] == auto.TRIAL_WARM_LARGE + 1
+              and all(calls[name] >= 1 + record["warm_calls"] for name in first),
+              f"every candidate goes on, with a second warm call: {calls} {record}")
+    else:
+        agree(len(first) == auto.TRIAL_FINALISTS and record["warm_calls"] == 1
+              and all(calls[name] == 2 for name in first),
+              f"three finalists, one warm call each, no round: {calls} {record}")
 
 
 @pytest.mark.parametrize("block_calls", [0, 1 << 30])
