@@ -16,7 +16,8 @@ the end of the job (:func:`_free_all`). It holds:
   out, counting their scratch and device vectors, :data:`BINDING_BYTES` each for their own
   objects, and the node windows (:func:`held`); the host bindings of one plan share one
   scratch buffer; an evicted binding's bound calls go with it, and a binding too large
-  for the bound alone is not kept;
+  for the bound alone is not kept; ``auto``'s trial on an out-of-place call's own buffers
+  leaves its pick's binding here for the call;
 - bound calls (:class:`BoundCall`): calls seen before, so that a repeat skips checks and
   planning;
 - persistent handles, whose bindings are their own;
@@ -427,16 +428,34 @@ class Session:
         binding = Binding(self.comm, plan, inp, out, self.settings, scratch, self.moved,
                           self.window() if plan.program.node_size else None)
         vectors = inp.nbytes + out.nbytes if device else 0
+        if not self._cache(key, binding, scratch_key, vectors, device):
+            weakref.finalize(binding, _free_transports, binding.transports)
+        return binding
+
+    def keep_binding(self, binding, held: int) -> bool:
+        """Cache ``binding``, bound by ``auto``'s trial to a host call's own buffers, as
+        :meth:`bind` would have bound it for that call; ``held``: the bytes its scratch keeps
+        alive (a view of the trial's). False, and nothing cached, where a binding of its
+        plan is cached already (they share one scratch) or it does not fit the bound."""
+        plan = binding.plan
+        if plan.key in self.shared:
+            return False
+        binding.nbytes = held
+        return self._cache((id(self), plan.key, binding.key), binding, plan.key, 0, False)
+
+    def _cache(self, key, binding, scratch_key, vectors, device) -> bool:
+        """Put a new binding in the cache under ``key``, sharing or first holding the
+        scratch of ``scratch_key``; False where the first does not fit the bound alone."""
+        shared = self.shared.get(scratch_key)
         bound = cache_bytes()
         if shared is None and binding.nbytes + vectors + own_bytes(binding) + _windows() > bound:
-            weakref.finalize(binding, _free_transports, binding.transports)
-            return binding
+            return False
         if shared is None:
             self.shared[scratch_key] = [binding.nbytes, vectors, 1]
             BINDINGS.scratch += binding.nbytes
             BINDINGS.vectors += vectors
             if not device:
-                self._scratch[plan.key] = binding.scratch
+                self._scratch[binding.plan.key] = binding.scratch
         else:
             shared[2] += 1
         entry = _Entry()
@@ -444,7 +463,7 @@ class Session:
         BINDINGS.entries[key] = entry
         BINDINGS.own += own_bytes(binding)
         _evict_to(bound, key)
-        return binding
+        return True
 
     def own_binding(self, plan, inp, out, scratch=None):
         """A binding outside the cache (a persistent handle's, or one of auto's trial), on

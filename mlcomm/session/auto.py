@@ -327,7 +327,9 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     (:func:`trial_pick`), or the fastest calls where no round ran. An entry whose schedule
     is an earlier one's on every rank is not timed. What it timed is kept in
     ``session.trials`` by band. It runs on ``buffers`` (an out-of-place call's input and
-    output) where given.
+    output) where given; there, at the full size, the session keeps the pick's binding as
+    the call's (:meth:`~mlcomm.session.Session.keep_binding`), and the rounds leave room
+    for one call of it rather than a binding and a first call.
     """
     session.wait_started()
     began = time.perf_counter()
@@ -374,7 +376,7 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
         trial = [trial[i] for i in sorted(ranked)]  # in the model's order still
     trial, plans = distinct_plans(session, trial, n, dtype, op)
     arena.reserve([plans[entry] for entry in trial], n)
-    bindings = {}
+    bindings, kept = {}, None
     try:
         # every candidate bound, then the ranks lined up once (each rank's set-up differs,
         # and a first call after its own would wait for the slowest rank's); each
@@ -407,9 +409,12 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
         # setting up only adds to a first call: where it was the faster, it stands
         basis = np.minimum(first, warmed)
         budget = TRIAL_STEADY * basis.min() + TRIAL_FLOOR
-        # the call after the trial binds its pick anew: the rounds leave it that much
+        # the call after the trial runs its pick, on this binding where the trial ran on
+        # the call's own buffers (the session keeps it), else bound anew: the rounds leave
+        # it that much
         ranked = np.argsort(basis, kind="stable")
-        coming = setup[ranked[0]] + first[ranked[0]]
+        keeps = arena.calls and n == count
+        coming = basis[ranked[0]] if keeps else setup[ranked[0]] + first[ranked[0]]
         # and the model's favourite (first): single calls of ranks that share cores are
         # noise (P = 4 on 2 cores, 8 B: shared_memory's fastest of four took 14-74 us, its
         # rounds' median 8, and it was left out in 2 of 4 trials)
@@ -444,10 +449,13 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
                 calls[i] += counts[i]
             best = min(estimate[i] for i in alive)
             alive = [i for i in alive if estimate[i] <= TRIAL_DROP * best]
+        pick = alive[trial_pick([trial[i][1] for i in alive], [estimate[i] for i in alive])]
+        kept = bindings.pop(pick) if keeps else None
     finally:
         for binding in bindings.values():
             binding.free()
-    pick = alive[trial_pick([trial[i][1] for i in alive], [estimate[i] for i in alive])]
+    if kept is not None and not session.keep_binding(kept, arena.scratch.nbytes):
+        kept.free()
     labels = [_label_of(entry) for entry in trial]
     record.update(first=dict(zip(labels, first.tolist())), warm_calls=warm,
                   warm={label: t for label, t in zip(labels, warmed.tolist()) if t < np.inf},
@@ -481,7 +489,9 @@ class _Arena:
     def __init__(self, session, dtype, buffers=None):
         self.session = session
         self.inp = self.out = self.scratch = np.zeros(0, dtype)
-        if buffers is not None:  # at 16 MiB, writing arrays of its own took 5-12 ms a rank
+        #: whether it runs on the call's own buffers
+        self.calls = buffers is not None
+        if self.calls:  # at 16 MiB, writing arrays of its own took 5-12 ms a rank
             self.inp, self.out = buffers
 
     def reserve(self, plans, m):

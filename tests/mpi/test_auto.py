@@ -294,6 +294,43 @@ def test_an_out_of_place_first_call_is_timed_on_its_own_buffers(monkeypatch):
           f"out of place {peaks[False]} bytes at the peak, in place {peaks[True]}")
 
 
+@pytest.mark.parametrize("count", [1000, auto.TRIAL_PROBE_BYTES // 4])
+def test_an_out_of_place_first_call_runs_on_its_trials_binding(fresh, monkeypatch, count):
+    """An out-of-place first call's trial runs on the call's own buffers, and the call runs
+    on the trial's binding of its pick (the session caches it: nothing is bound anew); an
+    in-place call's trial runs on arrays of its own, and its pick is bound anew to the
+    call's buffer. Both results are exact."""
+    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
+    monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
+    comm, s = fresh
+    if P == 1:
+        pytest.skip("needs two ranks")
+    made, bind = [], auto._Arena.bind
+
+    def recorded(arena, plan, m):
+        made.append(bind(arena, plan, m))
+        return made[-1]
+
+    monkeypatch.setattr(auto._Arena, "bind", recorded)
+    want = np.arange(count) % 7 * P + P * (P - 1) // 2
+    other = COMM.Dup()
+    try:
+        for in_place, c in ((False, comm), (True, other)):
+            x = (np.arange(count) % 7 + RANK).astype(np.int32)
+            got = mlcomm.allreduce(mlcomm.IN_PLACE, x, comm=c) if in_place else \
+                mlcomm.allreduce(x, comm=c)
+            agree(np.array_equal(got, want), f"in place {in_place}: not the exact sum")
+            here = session.get(c)
+            name, options = auto.agreed_choice(here, "allreduce", count, x.dtype, "sum")
+            plan = auto.plan_for(here, "allreduce", name, count, x.dtype, "sum", options)
+            ran = here.bind(plan, x, got)  # the cached binding the call ran
+            agree(any(ran is b for b in made) != in_place,
+                  f"in place {in_place}: the call ran on a binding of the trial's: "
+                  f"{any(ran is b for b in made)} ({name})")
+    finally:
+        other.Free()
+
+
 def test_after_a_probe_a_slow_first_call_is_not_called_again(fresh, monkeypatch):
     """After a probe, a candidate whose first call at the full size takes TRIAL_SLOW_FIRST
     times the fastest call before it (here the second of two, made 0.2 s slower) is called
@@ -389,8 +426,9 @@ def test_after_a_probe_the_budget_decides_how_many_go_on_and_their_warm_calls(
               and all(calls[name] >= 1 + record["warm_calls"] for name in first),
               f"every candidate goes on, with a second warm call: {calls} {record}")
     else:
+        # the pick's binding runs the call too (out of place: the trial ran on its buffers)
         agree(len(first) == auto.TRIAL_FINALISTS and record["warm_calls"] == 1
-              and all(calls[name] == 2 for name in first),
+              and all(calls[name] == 2 + (name == record["pick"]) for name in first),
               f"three finalists, one warm call each, no round: {calls} {record}")
 
 
@@ -399,7 +437,8 @@ def test_a_short_block_of_the_rounds_follows_an_untimed_call(fresh, monkeypatch,
     """A block of fewer than TRIAL_BLOCK_CALLS calls in the trial's rounds follows one
     untimed call of its candidate (as the benchmark's blocks do), so it times a repeated
     call: each candidate runs its first call, its warm calls, its timed calls and one call
-    more for each round it took part in; with TRIAL_BLOCK_CALLS = 0, none more."""
+    more for each round it took part in (with TRIAL_BLOCK_CALLS = 0, none more), and the
+    pick the call itself, on the trial's binding."""
     monkeypatch.delenv("MLCOMM_AUTO", raising=False)
     monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
     monkeypatch.setattr(auto, "auto_candidates", lambda p, nodes: ["ring", "naive"])
@@ -437,7 +476,9 @@ def test_a_short_block_of_the_rounds_follows_an_untimed_call(fresh, monkeypatch,
     agree(sum(rounds.values()) >= 2, f"no round ran: {record}")
     for name in order:
         untimed = rounds.get(name, 0) if block_calls else 0
-        want = 1 + auto.TRIAL_WARM + record["calls"][name] + untimed
+        # and the call itself on the pick's binding (out of place: the trial's)
+        want = 1 + auto.TRIAL_WARM + record["calls"][name] + untimed + \
+            (name == record["pick"])
         agree(runs[name] == want, f"{name}: {runs[name]} calls, not {want}: {rounds} {record}")
 
 
