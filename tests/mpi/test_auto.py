@@ -331,6 +331,32 @@ def test_an_out_of_place_first_call_runs_on_its_trials_binding(fresh, monkeypatc
         other.Free()
 
 
+def test_the_trial_writes_a_calls_output_before_any_candidate_runs(fresh, monkeypatch):
+    """An out-of-place call's trial writes its output once before it binds any candidate
+    (so no candidate's first call pays a fresh output's page faults): the output, filled
+    with 7s by the caller, holds zeros at the first binding; it then holds the exact sum."""
+    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
+    monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
+    comm, s = fresh
+    if P == 1:
+        pytest.skip("needs two ranks")
+    count = 4096
+    seen, bind = [], auto._Arena.bind
+
+    def looked(arena, plan, m):
+        if not seen:
+            seen.append(bool((arena.out == 0).all()))
+        return bind(arena, plan, m)
+
+    monkeypatch.setattr(auto._Arena, "bind", looked)
+    x = (np.arange(count) % 7 + RANK).astype(np.int32)
+    out = np.full(count, 7, np.int32)
+    got = mlcomm.allreduce(x, out, comm=comm)
+    agree(seen == [True], f"the output held the caller's values at the first binding: {seen}")
+    agree(got is out and np.array_equal(out, np.arange(count) % 7 * P + P * (P - 1) // 2),
+          "not the exact sum in the caller's output")
+
+
 def test_after_a_probe_a_slow_first_call_is_not_called_again(fresh, monkeypatch):
     """After a probe, a candidate whose first call at the full size takes TRIAL_SLOW_FIRST
     times the fastest call before it (here the second of two, made 0.2 s slower) is called
