@@ -30,6 +30,30 @@ def _bands(s):
     return {k: v for k, v in s.choices.items() if k[0] == "band"}
 
 
+def _count_runs(monkeypatch, count=None, before=None):
+    """Count the runs of the trial's bindings: ``(order, calls)``, the algorithms in the
+    order they were bound (of ``count`` elements only, where given) and their runs by
+    algorithm; ``before(k)`` runs before each call of the ``k``-th of them (from 1)."""
+    order, calls, bind = [], {}, auto._Arena.bind
+
+    def counted(arena, plan, m):
+        binding = bind(arena, plan, m)
+        if count is None or m == count:
+            order.append(plan.algorithm)
+            run, k = binding.run, len(order)
+
+            def run_counted():
+                calls[plan.algorithm] = calls.get(plan.algorithm, 0) + 1
+                if before is not None:
+                    before(k)
+                run()
+            binding.run = run_counted
+        return binding
+
+    monkeypatch.setattr(auto._Arena, "bind", counted)
+    return order, calls
+
+
 @pytest.mark.parametrize("count", [1, 1000, 70_000, 300_000])
 def test_measured_once_per_band_same_everywhere_exact(fresh, monkeypatch, count):
     monkeypatch.delenv("MLCOMM_AUTO", raising=False)
@@ -373,23 +397,12 @@ def test_after_a_probe_a_slow_first_call_is_not_called_again(fresh, monkeypatch)
     if P == 1:
         pytest.skip("needs two ranks")
     count = auto.TRIAL_PROBE_BYTES // 4
-    order, calls, bind = [], {}, auto._Arena.bind
 
-    def counted(arena, plan, m):
-        binding = bind(arena, plan, m)
-        if m == count:
-            order.append(plan.algorithm)
-            run, late = binding.run, len(order) == 2
+    def late(k):  # one rank's: the decision is the slowest's
+        if k == 2 and RANK == P - 1:
+            time.sleep(0.2)
 
-            def run_counted():
-                calls[plan.algorithm] = calls.get(plan.algorithm, 0) + 1
-                if late and RANK == P - 1:  # one rank's: the decision is the slowest's
-                    time.sleep(0.2)
-                run()
-            binding.run = run_counted
-        return binding
-
-    monkeypatch.setattr(auto._Arena, "bind", counted)
+    order, calls = _count_runs(monkeypatch, count, late)
     x = (np.arange(count) % 7 + RANK).astype(np.int32)
     got = mlcomm.allreduce(x, comm=comm)
     agree(np.array_equal(got, np.arange(count) % 7 * P + P * (P - 1) // 2), "not the exact sum")
@@ -428,19 +441,7 @@ def test_after_a_probe_the_budget_decides_how_many_go_on_and_their_warm_calls(
     if P == 1:
         pytest.skip("needs two ranks")
     count = auto.TRIAL_PROBE_BYTES // 4
-    calls, bind = {}, auto._Arena.bind
-
-    def counted(arena, plan, m):
-        binding = bind(arena, plan, m)
-        run = binding.run
-
-        def run_counted():
-            calls[plan.algorithm] = calls.get(plan.algorithm, 0) + 1
-            run()
-        binding.run = run_counted
-        return binding
-
-    monkeypatch.setattr(auto._Arena, "bind", counted)
+    _, calls = _count_runs(monkeypatch)  # the probe, replaced, binds nothing
     x = (np.arange(count) % 7 + RANK).astype(np.int32)
     got = mlcomm.allreduce(x, comm=comm)
     agree(np.array_equal(got, np.arange(count) % 7 * P + P * (P - 1) // 2), "not the exact sum")
@@ -474,26 +475,14 @@ def test_a_short_block_of_the_rounds_follows_an_untimed_call(fresh, monkeypatch,
     if P == 1:
         pytest.skip("needs two ranks")
     count = (64 << 10) // 4
-    order, runs, rounds = [], {}, {}
-    bind, round_order = auto._Arena.bind, auto.round_order
-
-    def counted(arena, plan, m):
-        binding = bind(arena, plan, m)
-        order.append(plan.algorithm)
-        run = binding.run
-
-        def run_counted():
-            runs[plan.algorithm] = runs.get(plan.algorithm, 0) + 1
-            run()
-        binding.run = run_counted
-        return binding
+    rounds, round_order = {}, auto.round_order
+    order, runs = _count_runs(monkeypatch)
 
     def counted_rounds(alive, r):
         for i in alive:
             rounds[order[i]] = rounds.get(order[i], 0) + 1
         return round_order(alive, r)
 
-    monkeypatch.setattr(auto._Arena, "bind", counted)
     monkeypatch.setattr(auto, "round_order", counted_rounds)
     x = (np.arange(count) % 7 + RANK).astype(np.int32)
     got = mlcomm.allreduce(x, comm=comm)
