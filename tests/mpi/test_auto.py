@@ -30,6 +30,17 @@ def _bands(s):
     return {k: v for k, v in s.choices.items() if k[0] == "band"}
 
 
+@pytest.fixture
+def trial(fresh, monkeypatch):
+    """A fresh communicator on two ranks or more whose first calls run ``auto``'s trial (no
+    profile, no ``MLCOMM_AUTO``)."""
+    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
+    monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
+    if P == 1:
+        pytest.skip("needs two ranks")
+    return fresh
+
+
 def _count_runs(monkeypatch, count=None, before=None):
     """Count the runs of the trial's bindings: ``(order, calls)``, the algorithms in the
     order they were bound (of ``count`` elements only, where given) and their runs by
@@ -221,7 +232,7 @@ def test_shared_memory_gives_the_same_bits_by_reads_and_through_its_window(fresh
 
 
 @pytest.mark.parametrize("count", [2, 16384, 1 << 20])
-def test_a_trial_keeps_to_its_budget(fresh, monkeypatch, count):
+def test_a_trial_keeps_to_its_budget(trial, monkeypatch, count):
     """A new size's first call times at most TRIAL_STEADY calls of its fastest candidate
     plus TRIAL_FLOOR seconds, by counting its calls: from 1 MiB, TRIAL_PROBE_CALLS calls
     of each candidate on a sixteenth of the size, which leaves TRIAL_FINALISTS (the
@@ -233,11 +244,7 @@ def test_a_trial_keeps_to_its_budget(fresh, monkeypatch, count):
     budget holds a call of every candidate left, so a round oversteps it by at most one
     call each. Every count and time in the account is the slowest rank's, so the account
     and the pick are the same on every rank."""
-    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
-    monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
-    comm, s = fresh
-    if P == 1:
-        pytest.skip("needs two ranks")
+    comm, s = trial
     x = np.ones(count, np.float32)
     mlcomm.allreduce(x, comm=comm)
     record = s.trials[auto._band_key(count, x.dtype, "sum")]
@@ -319,16 +326,12 @@ def test_an_out_of_place_first_call_is_timed_on_its_own_buffers(monkeypatch):
 
 
 @pytest.mark.parametrize("count", [1000, auto.TRIAL_PROBE_BYTES // 4])
-def test_an_out_of_place_first_call_runs_on_its_trials_binding(fresh, monkeypatch, count):
+def test_an_out_of_place_first_call_runs_on_its_trials_binding(trial, monkeypatch, count):
     """An out-of-place first call's trial runs on the call's own buffers, and the call runs
     on the trial's binding of its pick (the session caches it: nothing is bound anew); an
     in-place call's trial runs on arrays of its own, and its pick is bound anew to the
     call's buffer. Both results are exact."""
-    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
-    monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
-    comm, s = fresh
-    if P == 1:
-        pytest.skip("needs two ranks")
+    comm, s = trial
     made, bind = [], auto._Arena.bind
 
     def recorded(arena, plan, m):
@@ -355,15 +358,11 @@ def test_an_out_of_place_first_call_runs_on_its_trials_binding(fresh, monkeypatc
         other.Free()
 
 
-def test_the_trial_writes_a_calls_output_before_any_candidate_runs(fresh, monkeypatch):
+def test_the_trial_writes_a_calls_output_before_any_candidate_runs(trial, monkeypatch):
     """An out-of-place call's trial writes its output once before it binds any candidate
     (so no candidate's first call pays a fresh output's page faults): the output, filled
     with 7s by the caller, holds zeros at the first binding; it then holds the exact sum."""
-    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
-    monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
-    comm, s = fresh
-    if P == 1:
-        pytest.skip("needs two ranks")
+    comm, s = trial
     count = 4096
     seen, bind = [], auto._Arena.bind
 
@@ -381,21 +380,17 @@ def test_the_trial_writes_a_calls_output_before_any_candidate_runs(fresh, monkey
           "not the exact sum in the caller's output")
 
 
-def test_after_a_probe_a_slow_first_call_is_not_called_again(fresh, monkeypatch):
+def test_after_a_probe_a_slow_first_call_is_not_called_again(trial, monkeypatch):
     """After a probe, a candidate whose first call at the full size takes TRIAL_SLOW_FIRST
     times the fastest call before it (here the second of two, made 0.2 s slower) is called
     no more: no warm call, no round. Every rank skips it alike; the result is exact."""
     import time
-    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
-    monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
     monkeypatch.setattr(auto, "auto_candidates", lambda p, nodes: ["ring", "naive"])
     monkeypatch.setattr(auto, "library_supports", lambda dtype, op: False)
     monkeypatch.setattr(auto, "TRIAL_MODEL_PRUNE", float("inf"))  # naive, at any P
     # an even probe: both go on to the full size, in the model's order
     monkeypatch.setattr(auto, "_probe", lambda arena, plans, m, sync: np.ones(len(plans)))
-    comm, s = fresh
-    if P == 1:
-        pytest.skip("needs two ranks")
+    comm, s = trial
     count = auto.TRIAL_PROBE_BYTES // 4
 
     def late(k):  # one rank's: the decision is the slowest's
@@ -417,15 +412,13 @@ def test_after_a_probe_a_slow_first_call_is_not_called_again(fresh, monkeypatch)
 
 @pytest.mark.parametrize("floor", [0.0, 0.5])
 def test_after_a_probe_the_budget_decides_how_many_go_on_and_their_warm_calls(
-        fresh, monkeypatch, floor):
+        trial, monkeypatch, floor):
     """After a probe, TRIAL_FINALISTS go on to the full size, and more of those within
     TRIAL_PROBE_PRUNE where the budget left holds TRIAL_FINALIST_CALLS calls of each; each
     is then called TRIAL_WARM_LARGE times after its first call, or once more where the
     budget holds that too. With no floor (the budget is ten calls of 16 us) neither: three
     finalists, one warm call each and no round; with a floor of half a second, every
     candidate probed goes on and is called twice more at least. The result is exact."""
-    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
-    monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
     flat = ["ring", "single_master", "parameter_server", "naive", "double_binary_tree",
             "recursive_doubling"]
     monkeypatch.setattr(auto, "auto_candidates", lambda p, nodes: list(flat))
@@ -437,9 +430,7 @@ def test_after_a_probe_the_budget_decides_how_many_go_on_and_their_warm_calls(
     # an even probe, the model's order kept: every candidate within TRIAL_PROBE_PRUNE
     monkeypatch.setattr(auto, "_probe",
                         lambda arena, plans, m, sync: np.linspace(1, 1.4, len(plans)) * 1e-6)
-    comm, s = fresh
-    if P == 1:
-        pytest.skip("needs two ranks")
+    comm, s = trial
     count = auto.TRIAL_PROBE_BYTES // 4
     _, calls = _count_runs(monkeypatch)  # the probe, replaced, binds nothing
     x = (np.arange(count) % 7 + RANK).astype(np.int32)
@@ -460,20 +451,16 @@ def test_after_a_probe_the_budget_decides_how_many_go_on_and_their_warm_calls(
 
 
 @pytest.mark.parametrize("block_calls", [0, 1 << 30])
-def test_a_short_block_of_the_rounds_follows_an_untimed_call(fresh, monkeypatch, block_calls):
+def test_a_short_block_of_the_rounds_follows_an_untimed_call(trial, monkeypatch, block_calls):
     """A block of fewer than TRIAL_BLOCK_CALLS calls in the trial's rounds follows one
     untimed call of its candidate (as the benchmark's blocks do), so it times a repeated
     call: each candidate runs its first call, its warm calls, its timed calls and one call
     more for each round it took part in (with TRIAL_BLOCK_CALLS = 0, none more), and the
     pick the call itself, on the trial's binding."""
-    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
-    monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
     monkeypatch.setattr(auto, "auto_candidates", lambda p, nodes: ["ring", "naive"])
     monkeypatch.setattr(auto, "library_supports", lambda dtype, op: False)
     monkeypatch.setattr(auto, "TRIAL_BLOCK_CALLS", block_calls)
-    comm, s = fresh
-    if P == 1:
-        pytest.skip("needs two ranks")
+    comm, s = trial
     count = (64 << 10) // 4
     rounds, round_order = {}, auto.round_order
     order, runs = _count_runs(monkeypatch)
@@ -498,16 +485,12 @@ def test_a_short_block_of_the_rounds_follows_an_untimed_call(fresh, monkeypatch,
 
 
 @pytest.mark.parametrize("count", [2, auto.TRIAL_PROBE_BYTES // 4])
-def test_every_candidate_is_bound_before_the_first_call_at_the_full_size(fresh, monkeypatch,
+def test_every_candidate_is_bound_before_the_first_call_at_the_full_size(trial, monkeypatch,
                                                                          count):
     """The trial binds every candidate at the full size before any of them is called there
     (a first call right after this rank's binding waits for the slowest rank's): the
     events at the full size are every binding, then the calls. Exact results."""
-    monkeypatch.delenv("MLCOMM_AUTO", raising=False)
-    monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
-    comm, s = fresh
-    if P == 1:
-        pytest.skip("needs two ranks")
+    comm, s = trial
     events, bind = [], auto._Arena.bind
 
     def logged(arena, plan, m):
