@@ -76,8 +76,9 @@ TRIAL_FAVOURITE_PRUNE = 2.0
 #: and about half of shared_memory's time at 128 KiB)
 TRIAL_WAY_PRUNE = 3.0
 #: each candidate's fastest of this many calls after its first stands for it (a first call
-#: is mostly set-up); from TRIAL_PROBE_BYTES, of TRIAL_WARM_LARGE, and one more where the budget left after the probe holds a call of each finalist (at 2 MiB and
-#: P = 4 on 2 cores a second call took 1.5-2.5x the steady one: 1.6-2.9 ms against 1.0)
+#: is mostly set-up); from TRIAL_PROBE_BYTES, of TRIAL_WARM_LARGE, and one more where the
+#: budget left after the probe holds a call of each finalist (at 2 MiB and P = 4 on 2
+#: cores a second call took 1.5-2.5x the steady one: 1.6-2.9 ms against 1.0)
 TRIAL_WARM = 3
 TRIAL_WARM_LARGE = 1
 #: after a probe, a candidate whose first call takes this much longer than the fastest call
@@ -313,10 +314,10 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     size; once the ranks are lined up, each is called once, then once on each other area of
     the window where it rotates (as often on every rank: a node of one rank does not rotate;
     a first pass over 32 areas of 64 KiB: 10-12 us a call, then 5.5), then
-    :data:`TRIAL_WARM` times (after a probe :data:`TRIAL_WARM_LARGE` times, or once more where the budget holds it; neither
-    where that first call took :data:`TRIAL_SLOW_FIRST` times the fastest call before it),
-    the fastest of those calls standing for it, the first included (setting up only adds to
-    it); of those called again, the :data:`TRIAL_FINALISTS` fastest, those within
+    :data:`TRIAL_WARM` times (after a probe :data:`TRIAL_WARM_LARGE` times, or once more
+    where the budget holds it; neither where that first call took
+    :data:`TRIAL_SLOW_FIRST` times the fastest call before it), the fastest of those calls
+    standing for it, the first included (setting up only adds to it); of those called again, the :data:`TRIAL_FINALISTS` fastest, those within
     :data:`TRIAL_PRUNE` of the fastest and the model's favourite are then timed in rounds of
     interleaved blocks (a block lasts at least :data:`TRIAL_BLOCK_SECONDS`; one of fewer
     than :data:`TRIAL_BLOCK_CALLS` calls follows an untimed call), each round dropping those
