@@ -315,22 +315,22 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     the window where it rotates (as often on every rank: a node of one rank does not rotate;
     a first pass over 32 areas of 64 KiB: 10-12 us a call, then 5.5), then
     :data:`TRIAL_WARM` times (after a probe :data:`TRIAL_WARM_LARGE` times, or once more
-    where the budget holds it; neither where that first call took
-    :data:`TRIAL_SLOW_FIRST` times the fastest call before it), the fastest of those calls
-    standing for it, the first included (setting up only adds to it); of those called again, the :data:`TRIAL_FINALISTS` fastest, those within
-    :data:`TRIAL_PRUNE` of the fastest and the model's favourite are then timed in rounds of
-    interleaved blocks (a block lasts at least :data:`TRIAL_BLOCK_SECONDS`; one of fewer
-    than :data:`TRIAL_BLOCK_CALLS` calls follows an untimed call), each round dropping those
-    whose median is :data:`TRIAL_DROP` slower than the best, until one is left, the rounds
-    are done or the budget, less the call to come (its binding and first call), would not
-    hold another call of each (below
-    TRIAL_PROBE_BYTES, after :data:`TRIAL_MIN_ROUNDS` rounds at least); the medians decide
-    (:func:`trial_pick`), or the fastest calls where no round ran. An entry whose schedule
-    is an earlier one's on every rank is not timed. What it timed is kept in
-    ``session.trials`` by band. It runs on ``buffers`` (an out-of-place call's input and
-    output) where given; there, at the full size, the session keeps the pick's binding as
-    the call's (:meth:`~mlcomm.session.Session.keep_binding`), and the rounds leave room
-    for one call of it rather than a binding and a first call.
+    where the budget holds it; neither where that first call took :data:`TRIAL_SLOW_FIRST`
+    times the fastest call before it), the fastest of those calls standing for it, the first
+    included (setting up only adds to it); of those called again, the
+    :data:`TRIAL_FINALISTS` fastest, those within :data:`TRIAL_PRUNE` of the fastest and the
+    model's favourite are then timed in rounds of interleaved blocks (a block lasts at least
+    :data:`TRIAL_BLOCK_SECONDS`; one of fewer than :data:`TRIAL_BLOCK_CALLS` calls follows
+    an untimed call), each round dropping those whose median is :data:`TRIAL_DROP` slower
+    than the best, until one is left, the rounds are done or the budget, less the call to
+    come (its binding and first call, or one call where the session keeps the trial's
+    binding), would not hold another call of each (below TRIAL_PROBE_BYTES, after
+    :data:`TRIAL_MIN_ROUNDS` rounds at least); the medians decide (:func:`trial_pick`), or
+    the fastest calls where no round ran. An entry whose schedule is an earlier one's on
+    every rank is not timed. What it timed is kept in ``session.trials`` by band. It runs on
+    ``buffers`` (an out-of-place call's input and output) where given; there, at the full
+    size, the session keeps the pick's binding as the call's
+    (:meth:`~mlcomm.session.Session.keep_binding`).
     """
     session.wait_started()
     began = time.perf_counter()
