@@ -249,12 +249,12 @@ def _bind_host(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate
     if validate:
         _validate_across_ranks(session, signature, error)
     inp, out, count, opname, name, options, alias = plan_args
-    if name == AUTO:
-        out_of_place = collective == "allreduce" and alias is None and \
-            type(inp) is np.ndarray and type(out) is np.ndarray
+    if name == AUTO:  # an all-reduce's trial runs on its host arrays
+        host = collective == "allreduce" and type(inp) is np.ndarray and \
+            type(out) is np.ndarray
         name, options = agreed_choice(session, collective, count, out.dtype, opname,
                                       device=isinstance(out, DeviceVector),
-                                      buffers=(inp, out) if out_of_place else None)
+                                      buffers=(inp, out) if host else None)
     if name == MPI_NATIVE and isinstance(out, DeviceVector):
         run, binding = partial(native_call, collective, session.comm, inp, out, opname, root,
                                overlap=_overlap, copy=_copy, buffer=_native_buffer,

@@ -217,8 +217,9 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
     (:func:`_trial`), and its choice holds for the whole power-of-two size band. ``flat``:
     among the flat algorithms, for one rank per node (hierarchical's ``inter``). The options
     are empty but for a variant the trial timed (:data:`VARIANTS`). ``buffers``: the
-    call's own ``(input, output)`` where it is out of place, which a trial runs on instead
-    of arrays of its own (the output is written, the input only read).
+    call's own ``(input, output)`` (one array where it is in place), which a trial runs on
+    instead of arrays of its own (an output is written, an input only read; an in-place
+    call's array is restored after the trial).
     """
     p = len(session.nodes) if flat else session.size
     key = (collective, p, count, dtype.str, op, device, flat)
@@ -328,21 +329,21 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     :data:`TRIAL_MIN_ROUNDS` rounds at least); the medians decide (:func:`trial_pick`), or
     the fastest calls where no round ran. An entry whose schedule is an earlier one's on
     every rank is not timed. What it timed is kept in ``session.trials`` by band. It runs on
-    ``buffers`` (an out-of-place call's input and output) where given; there, at the full
-    size, the session keeps the pick's binding as the call's
+    ``buffers`` (a call's input and output, or its one array in place) where given; there,
+    at the full size, the session keeps the pick's binding as the call's
     (:meth:`~mlcomm.session.Session.keep_binding`).
     """
     session.wait_started()
     began = time.perf_counter()
     n = max(1, min(count, TRIAL_BYTES // dtype.itemsize))
-    arena = _Arena(session, dtype, buffers)
+    arena = _Arena(session, dtype, n, buffers)
     sync = lambda: session.watch.barrier(session.comm, "auto's trial", roll=False)
     probes = [n // 16] if n * dtype.itemsize >= TRIAL_PROBE_BYTES else []
     record = {"probes": [int(m) for m in probes], "probed": [], "first": {}, "warm": {},
               "warm_calls": 0, "calls": {}, "median": {}}
     spare = False
     for m in probes:  # cheap calls on a smaller size thin out the candidates
-        trial, plans = distinct_plans(session, trial, m, dtype, op)
+        trial, plans = distinct_plans(session, trial, m, dtype, op, arena.alias)
         times, elapsed = _slowest(session, _probe(arena, [plans[entry] for entry in trial],
                                                   m, sync), began)
         record["probed"].append(dict(zip(map(_label_of, trial), times.tolist())))
@@ -375,7 +376,7 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
             return _decided(session, count, dtype, op, record, trial[ranked[0]], elapsed,
                             TRIAL_STEADY * n / m * times.min() + TRIAL_FLOOR)
         trial = [trial[i] for i in sorted(ranked)]  # in the model's order still
-    trial, plans = distinct_plans(session, trial, n, dtype, op)
+    trial, plans = distinct_plans(session, trial, n, dtype, op, arena.alias)
     arena.reserve([plans[entry] for entry in trial], n)
     bindings, kept = {}, None
     try:
@@ -455,6 +456,7 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     finally:
         for binding in bindings.values():
             binding.free()
+        arena.restore()
     if kept is not None and not session.keep_binding(kept, arena.scratch.nbytes):
         kept.free()
     labels = [_label_of(entry) for entry in trial]
@@ -481,23 +483,31 @@ def _decided(session, count, dtype, op, record, pick, elapsed, budget) -> tuple:
 
 class _Arena:
     """The trial's buffers, which its candidates share (they run one at a time): input and
-    output, the call's own where it is out of place (``buffers``), else written as a
-    caller's are (pages never written all map the kernel's zero page, and single-copy reads
-    of it are slower than of written pages), and scratch, written once; each grows to the
-    largest call bound to it so far, and a call of ``m`` elements runs on their first
-    ``m``."""
+    output, the call's own where given (``buffers``; one array in place, whose first ``n``
+    elements :meth:`restore` puts back), else written as a caller's are (pages never
+    written all map the kernel's zero page, and single-copy reads of it are slower than of
+    written pages), and scratch, written once; each grows to the largest call bound to it
+    so far, and a call of ``m`` elements runs on their first ``m``."""
 
-    def __init__(self, session, dtype, buffers=None):
+    def __init__(self, session, dtype, n, buffers=None):
         self.session = session
         self.inp = self.out = self.scratch = np.zeros(0, dtype)
-        #: whether it runs on the call's own buffers
-        self.calls = buffers is not None
+        #: whether it runs on the call's own buffers; the plans' alias (0: in place)
+        self.calls, self.alias, self._saved = buffers is not None, None, None
         if self.calls:  # at 16 MiB, writing arrays of its own took 5-12 ms a rank
             self.inp, self.out = buffers
-            # written once, so that no candidate's first call pays the page faults of a
-            # fresh output (at 16 MiB and P = 4 on 2 cores, shared_memory's, which writes
-            # its peers' outputs, took 20-42 ms against 10 for its second)
-            self.out.fill(0)
+            if np.may_share_memory(self.inp, self.out):
+                self.alias, self._saved = 0, self.out[:n].copy()
+            else:
+                # written once, so that no candidate's first call pays the page faults of
+                # a fresh output (at 16 MiB and P = 4 on 2 cores, shared_memory's, which
+                # writes its peers' outputs, took 20-42 ms against 10 for its second)
+                self.out.fill(0)
+
+    def restore(self):
+        """Put an in-place call's data back, which the candidates' calls overwrote."""
+        if self._saved is not None:
+            self.out[:self._saved.size] = self._saved
 
     def reserve(self, plans, m):
         """Room for calls of ``m`` elements of ``plans``, touched, as a repeated call finds
@@ -588,13 +598,14 @@ def trial_pick(options, typical) -> int:
     return int(np.argmax(judged <= judged.min() * TRIAL_TIE))
 
 
-def distinct_plans(session, trial, count, dtype, op):
+def distinct_plans(session, trial, count, dtype, op, alias=None):
     """``(trial, plans)``: the trial's entries less those whose schedule is an earlier
     entry's on every rank (a window variant where the node refuses single-copy reads;
     ``hierarchical``'s single copies on one node, which are ``shared_memory``'s), and each
-    entry's plan for ``count`` elements, keyed by ``(name, options)``."""
+    entry's plan for ``count`` elements (in place where ``alias`` is 0), keyed by
+    ``(name, options)``."""
     plans = {(name, options): plan_for(session, "allreduce", name, count, dtype, op,
-                                       dict(options))
+                                       dict(options), alias)
              for name, options in trial}
     schedules = [plans[name, options].schedule for name, options in trial]
     same = _everywhere(session, np.array(
