@@ -2,6 +2,7 @@
 
     MLCOMM_PROFILE=/nonexistent mpiexec -n 2 python bench/first_call.py
     MLCOMM_PROFILE=/nonexistent mpiexec -n 4 python bench/first_call.py --repeats 5
+    MLCOMM_PROFILE=/nonexistent mpiexec -n 4 python bench/first_call.py --in-place
 
 Per size (float32 sum), on a fresh duplicate of ``COMM_WORLD`` each repeat, whose session
 one call of a single element has set up (so ``auto`` meets the size anew, and the process
@@ -9,8 +10,9 @@ and its compiled code are warm after the first repeat), it times the first
 ``mlcomm.allreduce`` and then ten more, each on the slowest rank. The target
 (issue 34): the first call costs at most ten steady calls plus 20 ms. It prints one row
 per size: the median first call, the median steady call (the tenth), the budget
-``10 x steady + 20 ms``, the first over the budget, and what ``auto`` ran. ``--output``
-writes the rows as JSON.
+``10 x steady + 20 ms``, the first over the budget, and what ``auto`` ran. ``--in-place``
+times ``mlcomm.allreduce(mlcomm.IN_PLACE, x)`` (a gradient's all-reduce) rather than
+``mlcomm.allreduce(x)``. ``--output`` writes the rows as JSON.
 """
 
 from __future__ import annotations
@@ -36,18 +38,20 @@ def slowest(comm, seconds: float) -> float:
     return comm.allreduce(seconds, op=MPI.MAX)
 
 
-def one(comm, nbytes: int) -> tuple:
+def one(comm, nbytes: int, in_place: bool = False) -> tuple:
     """(first, tenth, what auto ran) of one new size on ``comm``, the slowest rank's."""
     x = np.ones(nbytes // 4, np.float32)
+    call = (lambda: mlcomm.allreduce(mlcomm.IN_PLACE, x, comm=comm)) if in_place else \
+        (lambda: mlcomm.allreduce(x, comm=comm))
     comm.Barrier()
     t = time.perf_counter()
-    mlcomm.allreduce(x, comm=comm)
+    call()
     first = slowest(comm, time.perf_counter() - t)
     calls = []
     for _ in range(STEADY):
         comm.Barrier()
         t = time.perf_counter()
-        mlcomm.allreduce(x, comm=comm)
+        call()
         calls.append(slowest(comm, time.perf_counter() - t))
     ran = auto_ran(session_of(comm), "allreduce", x.size, x.dtype, "sum")
     return first, calls[-1], ran
@@ -57,6 +61,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3, help="fresh communicators per size")
     ap.add_argument("--output", help="write the rows here as JSON")
+    ap.add_argument("--in-place", action="store_true",
+                    help="time mlcomm.allreduce(mlcomm.IN_PLACE, x), not mlcomm.allreduce(x)")
     args = ap.parse_args(argv)
     world = MPI.COMM_WORLD
     rows = []
@@ -65,7 +71,7 @@ def main(argv=None):
         for _ in range(args.repeats):
             comm = world.Dup()
             mlcomm.allreduce(np.ones(1, np.float32), comm=comm)  # the session's set-up
-            runs.append(one(comm, nbytes))
+            runs.append(one(comm, nbytes, args.in_place))
             comm.Free()
         first = statistics.median(r[0] for r in runs)
         steady = statistics.median(r[1] for r in runs)

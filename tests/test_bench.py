@@ -521,3 +521,23 @@ def test_mpis_gives_the_table_with_the_floor_beside_it(tmp_path):
     assert len(record["round_trips_us"]["here"]["2"]) == 2 and \
         set(record["memcpy_us"][1]) == set(record["memcpy_together_us"][1]) == {"8", "4096"}, \
         record
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_first_call_times_auto_on_new_sizes(tmp_path, in_place):
+    """bench/first_call.py: per size, the first call of ``auto`` at a new size against its
+    budget (ten steady calls plus 20 ms), and what ``auto`` ran, in its table and record."""
+    from mlcomm.algorithms import MPI_NATIVE
+    out = tmp_path / "first.json"
+    proc = mpirun(2, [ROOT / "bench" / "first_call.py", "--repeats", "1", "--output", out,
+                      *(["--in-place"] if in_place else [])], timeout=300,
+                  env={"MLCOMM_PROFILE": str(tmp_path / "none")})
+    rows = json.loads(out.read_text())
+    assert [r["bytes"] for r in rows] == [8, 64 << 10, 16 << 20], rows
+    for r in rows:
+        assert r["ranks"] == 2 and r["first_s"] > r["steady_s"] > 0, r
+        assert r["budget_s"] == pytest.approx(10 * r["steady_s"] + 20e-3), r
+        assert r["over_budget"] == pytest.approx(r["first_s"] / r["budget_s"]), r
+        assert len(r["ran"]) == 1 and r["ran"][0].split()[0] in _algorithms() | {MPI_NATIVE}, r
+        assert re.search(rf"^ 2 +{r['bytes']} .* {re.escape(r['ran'][0])}$", proc.stdout,
+                         re.M), proc.stdout
