@@ -17,7 +17,8 @@ wait's mark before it starts the collective, and the leader posts a receive from
 a wait outlasts the limit, the leader names the ranks it has not heard from; the others
 say that the leader names them. A rank that cannot take part yet (a set-up's roll call
 travels on the world's duplicate, which a rank can use once every rank has made progress
-on it) joins when it can. The roll call never holds a wait up: when the collective
+on it) joins when it can; on Open MPI a set-up takes no roll call (mlcomm makes no world
+duplicate there), and its stall report names no one. The roll call never holds a wait up: when the collective
 completes, the leader cancels what it did not receive, and a message it takes with another
 wait's mark (one that came after its wait had ended) is dropped. The roll call travels on a
 communicator of mlcomm's own, with a tag of its own, so it never meets a caller's messages
@@ -55,14 +56,24 @@ def mark(text: str) -> int:
 IMPORT_POLL_SECONDS = 0.25
 
 
+def _idup_beside_creations() -> bool:
+    """Whether the MPI library may hold a non-blocking duplicate of ``MPI.COMM_WORLD`` open
+    while the caller creates communicators from it: not Open MPI, whose
+    ``MPI_Comm_dup`` of the world then fails (``MPI_ERR_INTERN``) or hangs on some ranks
+    (Open MPI 5.0.11: 2 of 12 jobs at 7 ranks on 2 cores that imported mlcomm and then
+    duplicated the world 20 times; none where that duplicate had completed first)."""
+    return MPI.get_vendor()[0] != "Open MPI"
+
+
 class _WorldRoll:
     """A duplicate of ``MPI.COMM_WORLD`` for the roll calls of session set-ups, started
-    (``MPI_Comm_idup``) when mlcomm is imported; usable once every rank has imported it
-    and made progress on it."""
+    (``MPI_Comm_idup``) when mlcomm is imported, but not on Open MPI
+    (:func:`_idup_beside_creations`); usable once every rank has imported it and made
+    progress on it."""
 
     def __init__(self):
         self.comm = self.request = None
-        if MPI.Is_initialized() and not MPI.Is_finalized():
+        if MPI.Is_initialized() and not MPI.Is_finalized() and _idup_beside_creations():
             self.comm, self.request = MPI.COMM_WORLD.Idup()
             until = time.monotonic() + IMPORT_POLL_SECONDS
             while not self.ready() and time.monotonic() < until:

@@ -601,7 +601,8 @@ def _duplicate(comm, what):
     mlcomm's traffic never runs through a subclass's collectives: mlcomm.Comm's would run
     mlcomm again), made by ``MPI_Comm_idup`` in a watched wait (a rank late on the
     communicator's first call is reported, with the set-up's roll call on the world's
-    duplicate where every rank has imported mlcomm)."""
+    duplicate where every rank has imported mlcomm, but on Open MPI:
+    :mod:`mlcomm.runtime.watch`)."""
     plain = MPI.Intracomm(comm)
     rank = plain.Get_rank()
     made = []
