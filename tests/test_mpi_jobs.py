@@ -49,6 +49,27 @@ def test_a_failure_on_one_rank_ends_the_suite_job_in_seconds(tmp_path):
     assert time.monotonic() - start < 60
 
 
+def test_a_module_failing_to_import_on_one_rank_ends_the_suite_job_in_seconds(tmp_path):
+    """The MPI suite's plugin: a module whose import fails on rank 1 only (as a session's
+    set-up may, in a collective at import) ends the job at once, instead of leaving ranks 0
+    and 2 in the collective the module's import goes on to."""
+    test = tmp_path / "test_one_rank_cannot_import.py"
+    test.write_text("from mpi4py import MPI\n\n"
+                    "if MPI.COMM_WORLD.Get_rank() == 1:\n"
+                    "    raise RuntimeError('rank 1 cannot import this')\n"
+                    "MPI.COMM_WORLD.Barrier()\n\n"
+                    "def test_nothing():\n"
+                    "    pass\n")
+    start = time.monotonic()
+    proc = mpirun(3, ["-m", "pytest", test, "-p", "abort_on_failure", "-q",
+                      "-p", "no:cacheprovider", "-o", "addopts="], timeout=120, check=False,
+                  env={"PYTHONPATH": str(ROOT / "tests" / "mpi")})
+    assert proc.returncode != 0
+    assert "rank 1 cannot import this" in proc.stdout + proc.stderr
+    assert "[rank 1] ERROR collecting" in proc.stderr, proc.stderr
+    assert time.monotonic() - start < 60
+
+
 @pytest.mark.parametrize("per_node,nprocs", [(1, 2), (2, 5), (2, 8), (3, 4), (1, 4)])
 def test_node_aware_suite_on_virtual_nodes(per_node, nprocs):
     """shared_memory, hierarchical and auto's trial on nodes of 1, 2 and 3 ranks (uneven
