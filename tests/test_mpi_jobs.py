@@ -30,43 +30,37 @@ def test_verify_command_passes(nprocs):
     assert "ALL PASSED" in proc.stdout and "FAIL" not in proc.stdout
 
 
-def test_a_failure_on_one_rank_ends_the_suite_job_in_seconds(tmp_path):
-    """The MPI suite's plugin: an assert that fails on rank 1 only ends the job at once,
-    instead of leaving ranks 0 and 2 in the next test's barrier until the time limit."""
+#: a test module that fails on rank 1 only, what it says, and what the plugin reports
+ONE_RANK_FAILS = {
+    "test": ("from mpi4py import MPI\n\n"
+             "def test_fails_on_rank_1():\n"
+             "    assert MPI.COMM_WORLD.Get_rank() != 1, 'rank 1 disagrees'\n\n"
+             "def test_then_a_collective():\n"
+             "    MPI.COMM_WORLD.Barrier()\n", "rank 1 disagrees", "[rank 1] FAILED"),
+    "import": ("from mpi4py import MPI\n\n"
+               "if MPI.COMM_WORLD.Get_rank() == 1:\n"
+               "    raise RuntimeError('rank 1 cannot import this')\n"
+               "MPI.COMM_WORLD.Barrier()\n\n"
+               "def test_nothing():\n"
+               "    pass\n", "rank 1 cannot import this", "[rank 1] ERROR collecting"),
+}
+
+
+@pytest.mark.parametrize("where", sorted(ONE_RANK_FAILS))
+def test_a_failure_on_one_rank_ends_the_suite_job_in_seconds(tmp_path, where):
+    """The MPI suite's plugin: an assert that fails on rank 1 only, or a module whose import
+    fails there (as a session's set-up may, in a collective at import), ends the job at
+    once, instead of leaving ranks 0 and 2 in the next collective until the time limit."""
+    source, said, reported = ONE_RANK_FAILS[where]
     test = tmp_path / "test_one_rank_fails.py"
-    test.write_text("from mpi4py import MPI\n\n"
-                    "def test_fails_on_rank_1():\n"
-                    "    assert MPI.COMM_WORLD.Get_rank() != 1, 'rank 1 disagrees'\n\n"
-                    "def test_then_a_collective():\n"
-                    "    MPI.COMM_WORLD.Barrier()\n")
+    test.write_text(source)
     start = time.monotonic()
     proc = mpirun(3, ["-m", "pytest", test, "-p", "abort_on_failure", "-q",
                       "-p", "no:cacheprovider", "-o", "addopts="], timeout=120, check=False,
                   env={"PYTHONPATH": str(ROOT / "tests" / "mpi")})
     assert proc.returncode != 0
-    assert "rank 1 disagrees" in proc.stdout + proc.stderr
-    assert "[rank 1] FAILED" in proc.stderr
-    assert time.monotonic() - start < 60
-
-
-def test_a_module_failing_to_import_on_one_rank_ends_the_suite_job_in_seconds(tmp_path):
-    """The MPI suite's plugin: a module whose import fails on rank 1 only (as a session's
-    set-up may, in a collective at import) ends the job at once, instead of leaving ranks 0
-    and 2 in the collective the module's import goes on to."""
-    test = tmp_path / "test_one_rank_cannot_import.py"
-    test.write_text("from mpi4py import MPI\n\n"
-                    "if MPI.COMM_WORLD.Get_rank() == 1:\n"
-                    "    raise RuntimeError('rank 1 cannot import this')\n"
-                    "MPI.COMM_WORLD.Barrier()\n\n"
-                    "def test_nothing():\n"
-                    "    pass\n")
-    start = time.monotonic()
-    proc = mpirun(3, ["-m", "pytest", test, "-p", "abort_on_failure", "-q",
-                      "-p", "no:cacheprovider", "-o", "addopts="], timeout=120, check=False,
-                  env={"PYTHONPATH": str(ROOT / "tests" / "mpi")})
-    assert proc.returncode != 0
-    assert "rank 1 cannot import this" in proc.stdout + proc.stderr
-    assert "[rank 1] ERROR collecting" in proc.stderr, proc.stderr
+    assert said in proc.stdout + proc.stderr
+    assert reported in proc.stderr, proc.stderr
     assert time.monotonic() - start < 60
 
 

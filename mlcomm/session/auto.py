@@ -337,6 +337,15 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     began = time.perf_counter()
     n = max(1, min(count, TRIAL_BYTES // dtype.itemsize))
     arena = _Arena(session, dtype, n, buffers)
+    try:
+        return _measure(session, trial, count, dtype, op, arena, n, began)
+    finally:
+        arena.restore()  # an in-place call's array, however the trial ended
+
+
+def _measure(session, trial, count, dtype, op, arena, n, began) -> tuple:
+    """The trial (:func:`_trial`) on ``arena``, begun at ``began``, timing calls of ``n``
+    elements at most."""
     sync = lambda: session.watch.barrier(session.comm, "auto's trial", roll=False)
     probes = [n // 16] if n * dtype.itemsize >= TRIAL_PROBE_BYTES else []
     record = {"probes": [int(m) for m in probes], "probed": [], "first": {}, "warm": {},
@@ -456,7 +465,6 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     finally:
         for binding in bindings.values():
             binding.free()
-        arena.restore()
     if kept is not None and not session.keep_binding(kept, arena.scratch.nbytes):
         kept.free()
     labels = [_label_of(entry) for entry in trial]

@@ -359,6 +359,26 @@ def test_a_first_call_runs_on_its_trials_binding(trial, monkeypatch, count):
         other.Free()
 
 
+def test_an_in_place_call_its_probe_decides_keeps_its_data(trial, monkeypatch):
+    """An in-place call whose trial ends at its probe (one candidate left) gets its array
+    back before it runs: the exact sum, though the probe's calls ran on that array."""
+    comm, s = trial
+    probe = auto._probe
+
+    def decisive(arena, plans, m, sync):
+        probe(arena, plans, m, sync)  # the calls, on the call's own array
+        return np.array([1.0] + [100.0] * (len(plans) - 1))
+
+    monkeypatch.setattr(auto, "_probe", decisive)
+    count = auto.TRIAL_PROBE_BYTES // 4
+    x = (np.arange(count) % 7 + RANK).astype(np.int32)
+    got = mlcomm.allreduce(mlcomm.IN_PLACE, x, comm=comm)
+    record = s.trials[auto._band_key(count, x.dtype, "sum")]
+    agree(not record["first"], f"the probe did not decide: {record}")
+    agree(np.array_equal(got, np.arange(count) % 7 * P + P * (P - 1) // 2),
+          "not the exact sum")
+
+
 def test_the_trial_writes_a_calls_output_before_any_candidate_runs(trial, monkeypatch):
     """An out-of-place call's trial writes its output once before it binds any candidate
     (so no candidate's first call pays a fresh output's page faults): the output, filled
