@@ -18,11 +18,11 @@ a wait outlasts the limit, the leader names the ranks it has not heard from; the
 say that the leader names them. A rank that cannot take part yet (a set-up's roll call
 travels on the world's duplicate, which a rank can use once every rank has made progress
 on it) joins when it can; on Open MPI a set-up takes no roll call (mlcomm makes no world
-duplicate there), and its stall report names no one. The roll call never holds a wait up: when the collective
-completes, the leader cancels what it did not receive, and a message it takes with another
-wait's mark (one that came after its wait had ended) is dropped. The roll call travels on a
-communicator of mlcomm's own, with a tag of its own, so it never meets a caller's messages
-or a program's.
+duplicate there), and its stall report names no one. The roll call never holds a wait up:
+when the collective completes, the leader cancels what it did not receive, and a message
+it takes with another wait's mark (one that came after its wait had ended) is dropped.
+The roll call travels on a communicator of mlcomm's own, with a tag of its own, so it
+never meets a caller's messages or a program's.
 """
 
 from __future__ import annotations

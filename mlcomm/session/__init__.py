@@ -16,8 +16,8 @@ the end of the job (:func:`_free_all`). It holds:
   out, counting their scratch and device vectors, :data:`BINDING_BYTES` each for their own
   objects, and the node windows (:func:`held`); the host bindings of one plan share one
   scratch buffer; an evicted binding's bound calls go with it, and a binding too large
-  for the bound alone is not kept; ``auto``'s trial on an out-of-place call's own buffers
-  leaves its pick's binding here for the call;
+  for the bound alone is not kept; ``auto``'s trial on a host all-reduce's own arrays leaves
+  its pick's binding here for the call;
 - bound calls (:class:`BoundCall`): calls seen before, so that a repeat skips checks and
   planning;
 - persistent handles, whose bindings are their own;
