@@ -16,7 +16,8 @@ from .algorithms import AUTO, COLLECTIVES, MPI_NATIVE
 from .buffers import device, gpu, staging, tensors
 from .buffers.device import DeviceVector
 from .runtime.progress import Request
-from .session import BOUND_CALLS, LAST_CALL, MISS, BoundCall, call_key, remembers, runner
+from .session import (BOUND_CALLS, LAST_CALL, MISS, BoundCall, call_key, differing_calls,
+                      remembers, runner)
 from .session import get as session_of
 from .session.auto import agreed_choice, plan_for, requested
 from .transport.mpi.names import op_name
@@ -77,6 +78,10 @@ def _check_options(collective, algorithm, options):
     return options
 
 
+#: the fields of a call's signature that validate=True compares across the ranks
+_SIGNATURE = ("collective", "algorithm", "count", "dtype", "op", "root", "options")
+
+
 def _validate_across_ranks(session, signature, error):
     """Compare call signatures over ranks; raise the same error on every rank on mismatch
     (once the started calls are complete, as :meth:`~mlcomm.session.Session.agree`)."""
@@ -89,14 +94,9 @@ def _validate_across_ranks(session, signature, error):
             raise error
         raise ValueError("mlcomm: the call failed on ranks " + ", ".join(
             f"{r} ({e})" for r, e in sorted(failed.items())))
-    reference = everyone[0][0]
-    differ = [r for r, (s, _) in enumerate(everyone) if s != reference]
+    differ = differing_calls([s for s, _ in everyone], _SIGNATURE)
     if differ:
-        fields = ("collective", "algorithm", "count", "dtype", "op", "root", "options")
-        diffs = [f"{f}: rank 0 has {a!r}, rank {differ[0]} has {b!r}"
-                 for f, a, b in zip(fields, reference, everyone[differ[0]][0]) if a != b]
-        raise ValueError(f"mlcomm: ranks {differ} called with arguments that differ from rank 0 "
-                         f"({'; '.join(diffs)})")
+        raise ValueError(differ)
 
 
 #: MLCOMM_VALIDATE=1 checks every call across ranks (read once, at import)

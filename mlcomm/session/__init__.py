@@ -71,7 +71,7 @@ from ..runtime.watch import Watch, free_world, world_roll
 
 __all__ = ["Session", "get", "BoundCall", "MISS", "runner", "BOUND_CALLS", "LAST_CALL", "call_key",
            "remembers", "BindingCache", "BINDINGS", "CACHE_BYTES", "BINDING_BYTES", "cache_bytes",
-           "cached_bytes", "held", "describe_held", "own_bytes"]
+           "cached_bytes", "held", "describe_held", "own_bytes", "differing_calls"]
 
 log = logging.getLogger("mlcomm")
 
@@ -191,6 +191,20 @@ def _free_transports(transports) -> None:
     """Free an uncached binding's transports (once nothing runs it any more)."""
     for transport in transports:
         transport.free()
+
+
+def differing_calls(signatures, fields) -> str | None:
+    """Where the ranks' call ``signatures`` (one per rank, each a tuple of ``fields``)
+    differ from rank 0's, in words: the ranks, and the first one's differing fields; None
+    where they agree."""
+    reference = signatures[0]
+    differ = [r for r, s in enumerate(signatures) if s != reference]
+    if not differ:
+        return None
+    diffs = [f"{f}: rank 0 has {a!r}, rank {differ[0]} has {b!r}"
+             for f, a, b in zip(fields, reference, signatures[differ[0]]) if a != b]
+    return (f"mlcomm: ranks {differ} called with arguments that differ from rank 0 "
+            f"({'; '.join(diffs)})")
 
 
 # --- bound calls -------------------------------------------------------------------------------
@@ -532,15 +546,26 @@ class Session:
             self.progress.drain()
 
     # agreement
-    def agree(self, value, what="mlcomm's agreement across the ranks"):
+    def agree(self, value, what="mlcomm's agreement across the ranks", call=None):
         """Rank 0's ``value`` on every rank (collective; a watched wait until every rank is
         here, ``what`` naming it), once the started calls are complete: a started call may
         run the library's collectives on this communicator in the progress thread, and two
         threads' collectives on one communicator can meet in a different order on each rank
-        (which hung a job)."""
+        (which hung a job). ``call``: ``(fields, signature)`` of the call this agreement is
+        for; where a rank's signature differs from rank 0's, every rank raises the same
+        ValueError (:func:`differing_calls`), as the ranks would otherwise go on to run
+        different collectives or the same one on different counts."""
         self.wait_started()
         self.watch.barrier(self.comm, what, sleep=True)
-        return self.comm.bcast(value if self.rank == 0 else None, root=0)
+        if call is None:
+            return self.comm.bcast(value if self.rank == 0 else None, root=0)
+        fields, signature = call
+        value, first = self.comm.bcast((value, signature) if self.rank == 0 else None, root=0)
+        if self.comm.allreduce(signature != first, op=MPI.LOR):  # the ranks' only if one differs
+            differ = differing_calls(self.comm.allgather(signature), fields)
+            raise ValueError(f"{differ}; auto's first call at a new size compares the calls "
+                             f"(validate=True or MLCOMM_VALIDATE=1 compares every call)")
+        return value
 
     # auto's choices
     def remember_choice(self, key, choice):
