@@ -10,6 +10,7 @@ import time
 import pytest
 
 from conftest import mpirun
+from mlcomm.algorithms import ALGORITHMS
 
 LOOPS = [pytest.param({}, id="compiled"), pytest.param({"MLCOMM_EXECUTOR": "python"}, id="python")]
 
@@ -47,6 +48,34 @@ def test_dtypes_that_differ_end_the_job(tmp_path, env):
     """, env)
     assert proc.returncode != 0 and "returned" not in proc.stdout
     assert "mlcomm: allreduce (ring," in proc.stderr and "schedule expects" in proc.stderr
+
+
+@pytest.mark.parametrize("env", LOOPS)
+@pytest.mark.parametrize("algorithm", ["shared_memory", "hierarchical", "auto"])
+def test_counts_that_differ_on_the_windows_schedules_end_the_job(tmp_path, env, algorithm):
+    """The node window's schedules send no message whose size could tell: each collective's
+    first post publishes a digest of its call beside its flag, and a peer's wait that finds
+    another ends the job, naming the rank (the longer rank had a wrong sum in its last
+    elements). auto runs the pick of a size band it has decided (its agreement compares the
+    calls on a new band only)."""
+    proc, secs = _job(tmp_path, 3, f"""
+        from mlcomm.session import auto, get
+        mlcomm.allreduce(np.ones(1000, np.float32), algorithm="{algorithm}")
+        ran = auto.auto_ran(get(MPI.COMM_WORLD), "allreduce", 1000, np.dtype(np.float32), "sum")
+        print("ran", ran or "{algorithm}", flush=True)
+        x = np.ones(1005 if rank == 1 else 1000, np.float32)
+        got = mlcomm.allreduce(x, algorithm="{algorithm}")
+        print("returned", rank, got[-5:], flush=True)
+    """, dict(env, MLCOMM_PROFILE="/nonexistent"))
+    assert proc.returncode != 0 and "returned" not in proc.stdout, proc.stdout
+    ran = proc.stdout.split("ran ", 1)[1].split()[0]
+    assert f"mlcomm: allreduce ({ran}, 100" in proc.stderr, proc.stderr[-3000:]
+    said = "the MPI library's collective failed" if ran == "mpi" else \
+        "bytes from rank" if not ALGORITHMS[ran].window else \
+        "runs another call on the node's window than this rank (another count, dtype, op or " \
+        "algorithm)"
+    assert said in proc.stderr, proc.stderr[-3000:]
+    assert "validate=True" in proc.stderr and secs < 60
 
 
 def test_mlcomm_algorithm_that_differs_is_an_error_on_every_rank(tmp_path):

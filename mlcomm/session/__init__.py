@@ -88,8 +88,9 @@ def cache_bytes() -> int:
 # --- the process-wide binding cache ------------------------------------------------------------
 
 #: what a cached binding counts for its own objects beside its scratch: its MPI requests,
-#: transports' contexts, frames and Python objects (5 to 12 KiB measured, P = 4)
-BINDING_BYTES = 16 << 10
+#: transports' contexts, frames and Python objects (5 to 12 KiB measured with the compiled
+#: loop at P = 4; 23 KiB with the Python loop, MLCOMM_EXECUTOR=python, at P = 3)
+BINDING_BYTES = 24 << 10
 
 
 class _Entry:

@@ -211,9 +211,9 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
     """``auto``'s algorithm and its options for this call on ``session``, the same on every
     rank.
 
-    Collective on a call layout not seen before, where the ranks' calls are compared: a
-    count, dtype, op or kind of buffer that differs from rank 0's raises ValueError on every
-    rank (:meth:`~mlcomm.session.Session.agree`). Rank 0 proposes the tuned or modelled choice
+    Collective on a call layout not seen before. On a new size band the ranks' calls are
+    compared: a count, dtype, op or kind of buffer that differs from rank 0's raises
+    ValueError on every rank (:meth:`~mlcomm.session.Session.agree`). Rank 0 proposes the tuned or modelled choice
     (:func:`auto_choice`), or for an all-reduce with neither a tuned choice nor
     ``MLCOMM_AUTO=model`` the candidates to time; every rank then runs the same trial
     (:func:`_trial`), and its choice holds for the whole power-of-two size band. ``flat``:
@@ -230,14 +230,7 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
         return choice[0], dict(choice[1])
     band = ("band", collective, p, *_band_key(count, dtype, op), device, flat)
     choice = session.choices.get(band)
-    # the ranks' calls are compared wherever they agree: a rank whose count, dtype or op
-    # differs would otherwise time or run another layout than its peers (the node window's
-    # schedules exchange no message whose size could tell)
-    call = (_CALL, (collective, count, str(dtype), op, "device" if device else "host"))
-    what = f"{collective} ({count} x {dtype}): auto's choice for a new size (mlcomm's agreement)"
-    if choice is not None and not (flat and p == 1):
-        session.agree(None, what, call)  # a new count in a band a trial has decided
-    elif choice is None:
+    if choice is None:
         proposal = None
         if session.rank == 0 or flat and p == 1:
             try:
@@ -246,7 +239,12 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
                 proposal = exc
         # one node's inter-node phase has one rank, where every flat algorithm is the same
         # copy: no rank need hear another's choice
-        agreed = proposal if flat and p == 1 else session.agree(proposal, what, call)
+        # the ranks' calls are compared there: a rank whose count, dtype or op differs would
+        # otherwise time another layout than its peers
+        agreed = proposal if flat and p == 1 else session.agree(
+            proposal, f"{collective} ({count} x {dtype}): auto's choice for a new size "
+                      f"(mlcomm's agreement)",
+            (_CALL, (collective, count, str(dtype), op, "device" if device else "host")))
         if isinstance(agreed, Exception):
             raise agreed
         choice, trial = agreed
@@ -258,7 +256,7 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
     return choice[0], dict(choice[1])
 
 
-#: what every rank's call must share where auto agrees on a new call layout
+#: what every rank's call must share where auto agrees on a new size band
 _CALL = ("collective", "count", "dtype", "op", "buffers")
 
 

@@ -16,11 +16,16 @@ slots are buffers of the binding); :class:`NodeSync` is the transport of their n
 synchronisations (:class:`mlcomm.ir.program.Sync`):
 
 - a post stores this rank's input and output addresses, then ``base + count`` into its
-  flag with release ordering;
+  flag with release ordering; a collective's first post stores, before its flag, the
+  collective's word beside the flag (:data:`LAYOUT`): its base and a digest of its call
+  (collective, algorithm, count, dtype, op and options);
 - a wait completes once the peer's flag, loaded with acquire ordering, reaches
   ``base + count``. ``base`` is this rank's flag when its collective began, which a wait
   with count 0 (the first step of every schedule that uses the window) records. Every rank
-  of a node posts equally often in a collective, so their bases agree.
+  of a node posts equally often in a collective, so their bases agree. Where the peer's
+  word has this collective's base (the peer has not gone on to its next one) and another
+  digest, the peer runs another call: the wait reports a fault, which ends the job
+  (ranks that passed different counts would read past each other's data).
 
 No MPI message is sent; a waiting loop polls and yields the CPU as for messages.
 """
@@ -30,6 +35,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import mmap
+import zlib
 
 import numpy as np
 from mpi4py import MPI
@@ -46,6 +52,10 @@ __all__ = ["NodeWindow", "NodeSync", "bind", "WindowError", "CONTROL_BYTES", "AD
 CONTROL_BYTES = 128
 #: where the input's and the output's addresses lie after the flag
 ADDRESSES = 64
+#: where the word of the rank's current collective lies after the flag, in its cache line:
+#: the collective's base shifted left by :data:`DIGEST_BITS`, plus its call's digest
+LAYOUT = 8
+DIGEST_BITS = 24
 #: the most areas of a slot that a rotating program takes in turn, and the fewest worth it:
 #: a store into a line that another core has read must take the line back first, which
 #: costs less the more the core has read since (shared_memory at 64 KiB and P = 2 on a 2-core
@@ -56,9 +66,11 @@ ROTATIONS = 32
 MIN_ROTATIONS = 8
 _BASE, _ME, _L, _IN, _OUT = 0, 1, 2, 3, 4
 # the window bytes counter's address, the bytes a run reads from peers' slots, and the
-# index of the program's first post, which counts them
+# index of the program's first post, which counts them (and stores the collective's word)
 _MOVED, _BYTES, _FIRST_POST = 5, 6, 7
-_FLAGS = 8  # then L flag addresses, then two words per sync: peer, count (post: count)
+# this call's digest, and the local rank whose word had another (-1: none)
+_DIGEST, _ODD = 8, 9
+_FLAGS = 10  # then L flag addresses, then two words per sync: peer, count (post: count)
 _MADV_POPULATE_READ, _MADV_POPULATE_WRITE = 22, 23  # Linux 5.14
 
 
@@ -179,9 +191,10 @@ class NodeWindow:
     def turn(self, value: int):
         self._turn[0] = value
 
-    def flag_array(self, local: int) -> np.ndarray:
-        import ctypes
-        return np.frombuffer((ctypes.c_char * 8).from_address(self.flags[local]), np.int64)
+    def flag_array(self, local: int, offset: int = 0) -> np.ndarray:
+        """Local rank ``local``'s flag, or the word ``offset`` bytes after it."""
+        raw = (ctypes.c_char * 8).from_address(self.flags[local] + offset)
+        return np.frombuffer(raw, np.int64)
 
     def addresses_at(self, local: int) -> int:
         """Where local rank ``local`` publishes its input's and its output's address."""
@@ -208,6 +221,8 @@ def _define(compile):
         mine = ctx[_FLAGS + ctx[_ME]]
         store_release(mine + ADDRESSES, ctx[_IN])
         store_release(mine + ADDRESSES + 8, ctx[_OUT])
+        if first <= ctx[_FIRST_POST] < first + n:
+            store_release(mine + LAYOUT, (ctx[_BASE] << DIGEST_BITS) + ctx[_DIGEST])
         for i in range(first, first + n):
             store_release(mine, ctx[_BASE] + ctx[_FLAGS + ctx[_L] + 2 * i + 1])
         if first <= ctx[_FIRST_POST] < first + n:
@@ -227,6 +242,14 @@ def _define(compile):
             peer, count = ctx[syncs + 2 * i], ctx[syncs + 2 * i + 1]
             if load_acquire(ctx[_FLAGS + peer]) < ctx[_BASE] + count:
                 return 0
+        ours = (ctx[_BASE] << DIGEST_BITS) + ctx[_DIGEST]
+        for i in range(first, first + n):
+            peer = ctx[syncs + 2 * i]
+            theirs = load_acquire(ctx[_FLAGS + peer] + LAYOUT)
+            if ctx[syncs + 2 * i + 1] > 0 and theirs >> DIGEST_BITS == ctx[_BASE] \
+                    and theirs != ours:
+                ctx[_ODD] = peer
+                return -1
         return 1
 
     return start, test
@@ -245,11 +268,12 @@ class NodeSync(Transport):
     passive = True
 
     def __init__(self, window: NodeWindow, syncs, local: int, ranks, addresses=(0, 0),
-                 moved=None, window_bytes=0):
+                 moved=None, window_bytes=0, digest=0):
         self.window, self.syncs, self.ranks = window, tuple(syncs), tuple(ranks)
         nlocal = len(window.flags)
         ctx = np.zeros(_FLAGS + nlocal + 2 * max(len(self.syncs), 1), np.int64)
         ctx[_ME], ctx[_L] = local, nlocal
+        ctx[_DIGEST], ctx[_ODD] = digest, -1
         ctx[_IN], ctx[_OUT] = addresses
         self.moved = np.zeros(len(PATHS), np.int64) if moved is None else moved
         ctx[_MOVED] = self.moved[WINDOW:].__array_interface__["data"][0]
@@ -260,6 +284,7 @@ class NodeSync(Transport):
             ctx[_FLAGS + nlocal + 2 * i:_FLAGS + nlocal + 2 * i + 2] = (s.peer, s.count)
         self._ctx = ctx
         self._flags = [window.flag_array(j) for j in range(nlocal)]
+        self._words = [window.flag_array(j, LAYOUT) for j in range(nlocal)]
         self._published = window.address_array(local)
         self._me = local
         self.compiled = (ctx.__array_interface__["data"][0], *compile_calls(_define))
@@ -267,6 +292,8 @@ class NodeSync(Transport):
     def start(self, first, n):
         mine = self._flags[self._me]
         self._published[:] = self._ctx[_IN:_OUT + 1]
+        if first <= self._ctx[_FIRST_POST] < first + n:
+            self._words[self._me][0] = self._word()
         for s in self.syncs[first:first + n]:  # aligned 8-byte stores; x86 keeps their order
             mine[0] = self._ctx[_BASE] + s.count
         if first <= self._ctx[_FIRST_POST] < first + n:
@@ -278,7 +305,19 @@ class NodeSync(Transport):
         if any(s.count == 0 for s in syncs):
             self._ctx[_BASE] = self._flags[self._me][0]
         base = self._ctx[_BASE]
-        return int(all(self._flags[s.peer][0] >= base + s.count for s in syncs))
+        if not all(self._flags[s.peer][0] >= base + s.count for s in syncs):
+            return 0
+        ours = self._word()
+        for s in syncs:
+            theirs = int(self._words[s.peer][0])
+            if s.count > 0 and theirs >> DIGEST_BITS == base and theirs != ours:
+                self._ctx[_ODD] = s.peer
+                return -1
+        return 1
+
+    def _word(self) -> int:
+        """This collective's word (:data:`LAYOUT`)."""
+        return (int(self._ctx[_BASE]) << DIGEST_BITS) + int(self._ctx[_DIGEST])
 
     def pending_peers(self, first, n):
         base = self._ctx[_BASE]
@@ -286,10 +325,22 @@ class NodeSync(Transport):
                        if self._flags[s.peer][0] < base + s.count})
 
     def fault(self) -> str:
-        return "a node synchronisation failed"
+        odd = int(self._ctx[_ODD])
+        if odd < 0:
+            return "a node synchronisation failed"
+        return (f"rank {self.ranks[odd]} runs another call on the node's window than this "
+                f"rank (another count, dtype, op or algorithm)")
 
     def free(self) -> None:
         self.compiled = None
+
+
+def digest(plan) -> int:
+    """:data:`DIGEST_BITS` bits of ``plan``'s call: its collective, algorithm, count, dtype,
+    op and options (not whether it runs in place), the same in every process."""
+    collective, algorithm, _, count, dtype, op, options, _ = plan.key
+    call = repr((collective, algorithm, count, dtype.str, op, options)).encode()
+    return zlib.crc32(call) & ((1 << DIGEST_BITS) - 1)
 
 
 def bind(site) -> NodeSync:
@@ -297,4 +348,5 @@ def bind(site) -> NodeSync:
     (:class:`mlcomm.transport.Site`)."""
     program, schedule = site.plan.program, site.plan.schedule
     return NodeSync(site.window, program.syncs, schedule.node.index(schedule.rank),
-                    schedule.node, site.addresses[:2], site.moved, program.moved[WINDOW])
+                    schedule.node, site.addresses[:2], site.moved, program.moved[WINDOW],
+                    digest(site.plan))
