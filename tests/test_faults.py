@@ -78,6 +78,31 @@ def test_counts_that_differ_on_the_windows_schedules_end_the_job(tmp_path, env, 
     assert "validate=True" in proc.stderr and secs < 60
 
 
+@pytest.mark.parametrize("collective, count", [
+    ("reduce_scatter", 1000), ("allgather", 1000), ("bcast", 1000), ("reduce", 1000),
+    ("allreduce", 100_000), ("allreduce", 2_000_000)])
+def test_counts_that_differ_on_every_window_collective_and_size_end_the_job(
+        tmp_path, collective, count):
+    """The digest check holds for every collective the window runs, and for an all-reduce
+    on the rotating areas (400 KB) and past single_copy_bytes (8 MB) as on the turn areas
+    (the test above). No rank that reads the odd rank's data, or whose data the odd rank
+    reads, returns (a bcast's root and its other ranks, and a reduce's other ranks, may
+    return before the job ends)."""
+    blocks = "size" if collective == "reduce_scatter" else "1"
+    proc, secs = _job(tmp_path, 3, f"""
+        x = np.ones(({count} + (8 if rank == 1 else 0)) * {blocks}, np.float32)
+        mlcomm.{collective}(x, algorithm="shared_memory")
+        print("returned", rank, flush=True)
+    """)
+    receivers = {"bcast": [1], "reduce": [0]}.get(collective, [0, 1, 2])
+    assert proc.returncode != 0, proc.stdout
+    assert not [r for r in receivers if f"returned {r}" in proc.stdout], proc.stdout
+    assert f"mlcomm: {collective} (shared_memory, " in proc.stderr
+    assert "runs another call on the node's window than this rank" in proc.stderr, \
+        proc.stderr[-3000:]
+    assert secs < 60
+
+
 def test_mlcomm_algorithm_that_differs_is_an_error_on_every_rank(tmp_path):
     proc, _ = _job(tmp_path, 3, """
         os.environ["MLCOMM_ALGORITHM"] = "naive" if rank == 0 else "single_master"
