@@ -83,3 +83,15 @@ def test_the_suite_on_uneven_virtual_nodes():
                       "-k", "not matrix and not bitwise_the_python_loop"],
                   timeout=600, env={"MLCOMM_MPI_SUITE": "1", "MLCOMM_RANKS_PER_NODE": "3"})
     assert_suite_passed(proc)
+
+
+def test_the_suite_in_the_python_loop():
+    """The whole suite but the matrices at 3 ranks with ``MLCOMM_EXECUTOR=python``, the loop
+    that runs where the compiled one cannot (no Numba, a dtype or op it has no loop for):
+    the same results, codes, messages and memory accounting (the binding cache had
+    counted less than such a binding holds, and only this run showed it)."""
+    proc = mpirun(3, ["-m", "pytest", SUITE, "--with-mpi", "-q", "-x", "--color=no", "-ra",
+                      "-p", "no:cacheprovider", "-o", "addopts=",
+                      "-k", "not matrix and not bitwise_the_python_loop"],
+                  timeout=600, env={"MLCOMM_MPI_SUITE": "1", "MLCOMM_EXECUTOR": "python"})
+    assert_suite_passed(proc)
