@@ -10,7 +10,6 @@ import time
 import pytest
 
 from conftest import mpirun
-from mlcomm.algorithms import ALGORITHMS
 
 LOOPS = [pytest.param({}, id="compiled"), pytest.param({"MLCOMM_EXECUTOR": "python"}, id="python")]
 
@@ -57,9 +56,14 @@ def test_counts_that_differ_on_the_windows_schedules_end_the_job(tmp_path, env, 
     first post publishes a digest of its call beside its flag, and a peer's wait that finds
     another ends the job, naming the rank (the longer rank had a wrong sum in its last
     elements). auto runs the pick of a size band it has decided (its agreement compares the
-    calls on a new band only)."""
+    calls on a new band only); its trial here times the window's algorithms alone (a pick of
+    the library's call would meet the library's own undefined behaviour: MPICH returned
+    from, or ended the job in, an MPI_Allreduce of 1005 against 1000)."""
     proc, secs = _job(tmp_path, 3, f"""
         from mlcomm.session import auto, get
+        trial = auto._trial
+        auto._trial = lambda session, entries, *args: trial(
+            session, [e for e in entries if e[0] in ("shared_memory", "hierarchical")], *args)
         mlcomm.allreduce(np.ones(1000, np.float32), algorithm="{algorithm}")
         ran = auto.auto_ran(get(MPI.COMM_WORLD), "allreduce", 1000, np.dtype(np.float32), "sum")
         print("ran", ran or "{algorithm}", flush=True)
@@ -69,12 +73,10 @@ def test_counts_that_differ_on_the_windows_schedules_end_the_job(tmp_path, env, 
     """, dict(env, MLCOMM_PROFILE="/nonexistent"))
     assert proc.returncode != 0 and "returned" not in proc.stdout, proc.stdout
     ran = proc.stdout.split("ran ", 1)[1].split()[0]
+    assert ran in ("shared_memory", "hierarchical"), proc.stdout
     assert f"mlcomm: allreduce ({ran}, 100" in proc.stderr, proc.stderr[-3000:]
-    said = "the MPI library's collective failed" if ran == "mpi" else \
-        "bytes from rank" if not ALGORITHMS[ran].window else \
-        "runs another call on the node's window than this rank (another count, dtype, op or " \
-        "algorithm)"
-    assert said in proc.stderr, proc.stderr[-3000:]
+    assert "runs another call on the node's window than this rank (another count, dtype, op " \
+           "or algorithm)" in proc.stderr, proc.stderr[-3000:]
     assert "validate=True" in proc.stderr and secs < 60
 
 
