@@ -89,8 +89,8 @@ def cache_bytes() -> int:
 
 #: what a cached binding counts for its own objects beside its scratch: its MPI requests,
 #: transports' contexts, frames and Python objects (5 to 12 KiB measured with the compiled
-#: loop at P = 4; 23 KiB with the Python loop, MLCOMM_EXECUTOR=python, at P = 3)
-BINDING_BYTES = 24 << 10
+#: loop at P = 4; 23 to 25 KiB with the Python loop, MLCOMM_EXECUTOR=python, at P = 3)
+BINDING_BYTES = 32 << 10
 
 
 class _Entry:
