@@ -213,10 +213,11 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
 
     Collective on a call layout not seen before. On a new size band the ranks' calls are
     compared: a count, dtype, op or kind of buffer that differs from rank 0's raises
-    ValueError on every rank (:meth:`~mlcomm.session.Session.agree`). Rank 0 proposes the tuned or modelled choice
-    (:func:`auto_choice`), or for an all-reduce with neither a tuned choice nor
-    ``MLCOMM_AUTO=model`` the candidates to time; every rank then runs the same trial
-    (:func:`_trial`), and its choice holds for the whole power-of-two size band. ``flat``:
+    ValueError on every rank (:meth:`~mlcomm.session.Session.agree`). Rank 0 proposes the
+    tuned or modelled choice (:func:`auto_choice`), or for an all-reduce with neither a
+    tuned choice nor ``MLCOMM_AUTO=model`` the candidates to time; every rank then runs the
+    same trial (:func:`_trial`), and its choice holds for the whole power-of-two size band.
+    ``flat``:
     among the flat algorithms, for one rank per node (hierarchical's ``inter``). The options
     are empty but for a variant the trial timed (:data:`VARIANTS`). ``buffers``: the
     call's own ``(input, output)`` (one array where it is in place), which a trial runs on
@@ -238,9 +239,8 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
             except ValueError as exc:  # e.g. a bad MLCOMM_AUTO: every rank raises it
                 proposal = exc
         # one node's inter-node phase has one rank, where every flat algorithm is the same
-        # copy: no rank need hear another's choice
-        # the ranks' calls are compared there: a rank whose count, dtype or op differs would
-        # otherwise time another layout than its peers
+        # copy: no rank need hear another's choice; elsewhere the agreement compares the
+        # ranks' calls (a rank whose count, dtype or op differs would time another layout)
         agreed = proposal if flat and p == 1 else session.agree(
             proposal, f"{collective} ({count} x {dtype}): auto's choice for a new size "
                       f"(mlcomm's agreement)",

@@ -43,7 +43,7 @@ from numba import carray
 
 from ..cabi import i64_array_at, libc, load_acquire, store_release
 from ...ir.schedule import TURN_BYTES
-from .. import PATHS, WINDOW, Transport, compile_calls
+from .. import FAULT, PATHS, WINDOW, Transport, compile_calls
 
 __all__ = ["NodeWindow", "NodeSync", "bind", "WindowError", "CONTROL_BYTES", "ADDRESSES",
            "ROTATIONS", "MIN_ROTATIONS"]
@@ -221,11 +221,12 @@ def _define(compile):
         mine = ctx[_FLAGS + ctx[_ME]]
         store_release(mine + ADDRESSES, ctx[_IN])
         store_release(mine + ADDRESSES + 8, ctx[_OUT])
-        if first <= ctx[_FIRST_POST] < first + n:
+        begins = first <= ctx[_FIRST_POST] < first + n
+        if begins:
             store_release(mine + LAYOUT, (ctx[_BASE] << DIGEST_BITS) + ctx[_DIGEST])
         for i in range(first, first + n):
             store_release(mine, ctx[_BASE] + ctx[_FLAGS + ctx[_L] + 2 * i + 1])
-        if first <= ctx[_FIRST_POST] < first + n:
+        if begins:
             moved = carray(i64_array_at(ctx[_MOVED]), 1)
             moved[0] += ctx[_BYTES]
         return 0
@@ -245,11 +246,11 @@ def _define(compile):
         ours = (ctx[_BASE] << DIGEST_BITS) + ctx[_DIGEST]
         for i in range(first, first + n):
             peer = ctx[syncs + 2 * i]
-            theirs = load_acquire(ctx[_FLAGS + peer] + LAYOUT)
-            if ctx[syncs + 2 * i + 1] > 0 and theirs >> DIGEST_BITS == ctx[_BASE] \
-                    and theirs != ours:
-                ctx[_ODD] = peer
-                return -1
+            if ctx[syncs + 2 * i + 1] > 0:
+                theirs = load_acquire(ctx[_FLAGS + peer] + LAYOUT)
+                if theirs >> DIGEST_BITS == ctx[_BASE] and theirs != ours:
+                    ctx[_ODD] = peer
+                    return FAULT
         return 1
 
     return start, test
@@ -292,11 +293,12 @@ class NodeSync(Transport):
     def start(self, first, n):
         mine = self._flags[self._me]
         self._published[:] = self._ctx[_IN:_OUT + 1]
-        if first <= self._ctx[_FIRST_POST] < first + n:
+        begins = first <= self._ctx[_FIRST_POST] < first + n
+        if begins:
             self._words[self._me][0] = self._word()
         for s in self.syncs[first:first + n]:  # aligned 8-byte stores; x86 keeps their order
             mine[0] = self._ctx[_BASE] + s.count
-        if first <= self._ctx[_FIRST_POST] < first + n:
+        if begins:
             self.moved[WINDOW] += self._ctx[_BYTES]
         return 0
 
@@ -312,7 +314,7 @@ class NodeSync(Transport):
             theirs = int(self._words[s.peer][0])
             if s.count > 0 and theirs >> DIGEST_BITS == base and theirs != ours:
                 self._ctx[_ODD] = s.peer
-                return -1
+                return FAULT
         return 1
 
     def _word(self) -> int:
