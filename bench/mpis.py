@@ -17,7 +17,10 @@ with the worst mlcomm of the three MPIs (best algorithm, and ``auto``) over the 
 cache-line round trip between two cores before every job, and one memcpy of each size before
 the first run and after the last, alone and on two cores at once (where the cores share the
 memory's bandwidth, the floor of two ranks that each move a memcpy's worth); a shared
-machine that changes speed shows it there first.
+machine that changes speed shows it there first. Below them, each run's own worst ``auto``
+over the fastest ``MPI_Allreduce`` (its jobs, one per MPI, ran in the same minutes), with
+the slowest round trip before them: the spread over the runs, and where the machine's
+speed changed between runs, which runs were taken in its fast minutes.
 ``--pin`` binds each rank to a core (on a machine with at least as many cores as ranks).
 ``-a`` times only those algorithms beside ``MPI_Allreduce`` and ``auto`` (``-a auto``: no
 best algorithm in the table). ``--plot`` draws the time against the size, one panel per rank
@@ -123,6 +126,33 @@ def table(results: dict, ranks: list, sizes: list) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [head, *rows])
 
 
+def per_run(jobs: dict, trips: dict, ranks: list, sizes: list) -> dict:
+    """``{p: {bytes: [(ratio, trip), ...]}}``, one pair per run: the worst ``auto`` of that
+    run's jobs (one per MPI) over their fastest ``MPI_Allreduce``, and the slowest round trip
+    (µs) before those jobs."""
+    out = {}
+    for p in ranks:
+        out[p] = {}
+        for nbytes in sizes:
+            pairs = []
+            for run in range(min(len(jobs[n][p]) for n in jobs)):
+                times = [{r["algorithm"]: r["time_us_avg"] for r in jobs[n][p][run]
+                          if r["bytes"] == nbytes} for n in jobs]
+                pairs.append((max(t["auto"] for t in times) / min(t["mpi"] for t in times),
+                              max(trips[n][p][run] for n in jobs)))
+            out[p][nbytes] = pairs
+    return out
+
+
+def run_lines(runs: dict) -> str:
+    """:func:`per_run`'s pairs, a line per rank count and size."""
+    return "\n".join(
+        ["each run's worst auto / fastest MPI (the slowest round trip before its jobs, µs):"]
+        + [f"  P={p} {LABELS.get(b, f'{b} B')}: " + ", ".join(
+            f"{ratio:.2f} ({trip:.2f})" for ratio, trip in pairs)
+           for p, by_size in runs.items() for b, pairs in by_size.items()])
+
+
 def measure_floor(sizes: list) -> dict:
     """``{"round trip": µs, "memcpy": {bytes: µs}, "memcpy together": {bytes: µs}}`` between
     the first two cores this process may use (one core twice where it has one; together: on
@@ -220,6 +250,8 @@ def main(argv=None) -> int:
     results = {n: {p: summarise(jobs[n][p]) for p in ranks} for n in names}
     print(table(results, ranks, sizes))
     print(floor_lines(trips, copies))
+    runs = per_run(jobs, trips, ranks, sizes)
+    print(run_lines(runs))
     record = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
               "machine": f"{platform.node()}, {os.cpu_count()} cores", "pin": args.pin,
               "runs": args.runs, "command": " ".join(["python bench/mpis.py", *(argv or
@@ -230,7 +262,9 @@ def main(argv=None) -> int:
               "memcpy_together_us": [{str(b): t for b, t in c["memcpy together"].items()}
                                      for c in copies],
               "results": {n: {str(p): {str(b): v for b, v in r.items()} for p, r in res.items()}
-                          for n, res in results.items()}}
+                          for n, res in results.items()},
+              "per_run": {str(p): {str(b): pairs for b, pairs in by_size.items()}
+                          for p, by_size in runs.items()}}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(record, indent=1))
     if args.plot:

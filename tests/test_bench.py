@@ -504,7 +504,8 @@ def test_uneven_times_calls_after_rank_0s_work():
 
 def test_mpis_gives_the_table_with_the_floor_beside_it(tmp_path):
     """bench/mpis.py on one environment (this one): the peer table, the round trip before
-    each job and the memcpy of each size before and after, in its output and its record."""
+    each job and the memcpy of each size before and after, and each run's own worst auto
+    over fastest MPI_Allreduce, in its output and its record."""
     out = tmp_path / "mpis.json"
     proc = subprocess.run([sys.executable, ROOT / "bench" / "mpis.py", "--envs",
                            f"here={sys.prefix}", "--runs", "2", "-p", "2", "-s", "8,4K",
@@ -517,7 +518,15 @@ def test_mpis_gives_the_table_with_the_floor_beside_it(tmp_path):
                      r"\d+\.\d+, \d+\.\d+$", proc.stdout, re.M), proc.stdout
     assert re.search(r"^memcpy of 4K: \d+\.\d+, \d+\.\d+ µs \(before, after\); on two cores "
                      r"at once \d+\.\d+, \d+\.\d+$", proc.stdout, re.M), proc.stdout
+    # each run's own ratio, beside the round trip before it
+    runs = re.search(r"^  P=2 4096 B: (\d+\.\d+) \((\d+\.\d+)\), (\d+\.\d+) \((\d+\.\d+)\)$",
+                     proc.stdout, re.M)
+    assert runs, proc.stdout
     record = json.loads(out.read_text())
+    trips = record["round_trips_us"]["here"]["2"]
+    assert [round(t, 2) for t in trips] == [float(runs[2]), float(runs[4])], (trips, runs[0])
+    assert [r for r, _ in record["per_run"]["2"]["4096"]] == pytest.approx(
+        [float(runs[1]), float(runs[3])], abs=0.006), record["per_run"]
     assert len(record["round_trips_us"]["here"]["2"]) == 2 and \
         set(record["memcpy_us"][1]) == set(record["memcpy_together_us"][1]) == {"8", "4096"}, \
         record
