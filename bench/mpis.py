@@ -25,7 +25,7 @@ speed changed between runs, which runs were taken in its fast minutes.
 ``-a`` times only those algorithms beside ``MPI_Allreduce`` and ``auto`` (``-a auto``: no
 best algorithm in the table). ``--plot`` draws the time against the size, one panel per rank
 count: each MPI's ``MPI_Allreduce`` and ``auto`` on it. Writes ``bench/results/mpis.json``
-(or ``--output``).
+(or ``--output``), every job's times included.
 """
 
 from __future__ import annotations
@@ -264,7 +264,11 @@ def main(argv=None) -> int:
               "results": {n: {str(p): {str(b): v for b, v in r.items()} for p, r in res.items()}
                           for n, res in results.items()},
               "per_run": {str(p): {str(b): pairs for b, pairs in by_size.items()}
-                          for p, by_size in runs.items()}}
+                          for p, by_size in runs.items()},
+              # every job's times (µs), per MPI and rank count, in job order
+              "jobs": {n: {str(p): [{f"{r['bytes']} {r['algorithm']}": r["time_us_avg"]
+                                     for r in job} for job in by_p[p]] for p in ranks}
+                       for n, by_p in jobs.items()}}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(record, indent=1))
     if args.plot:

@@ -527,6 +527,9 @@ def test_mpis_gives_the_table_with_the_floor_beside_it(tmp_path):
     assert [round(t, 2) for t in trips] == [float(runs[2]), float(runs[4])], (trips, runs[0])
     assert [r for r, _ in record["per_run"]["2"]["4096"]] == pytest.approx(
         [float(runs[1]), float(runs[3])], abs=0.006), record["per_run"]
+    jobs = record["jobs"]["here"]["2"]
+    assert len(jobs) == 2 and all({"8 mpi", "8 ring", "8 auto", "4096 auto"} <= set(job)
+                                  for job in jobs), jobs
     assert len(record["round_trips_us"]["here"]["2"]) == 2 and \
         set(record["memcpy_us"][1]) == set(record["memcpy_together_us"][1]) == {"8", "4096"}, \
         record
