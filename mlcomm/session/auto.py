@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import config
 from ..algorithms import ALGORITHMS, AUTO, COLLECTIVES, MPI_NATIVE, Layout, resolve, weighed
+from ..ir.schedule import TURN_BYTES
 from ..model.cost import auto_candidates, explain
 from ..runtime.frame import compiled_supports
 from ..transport.native import supports as library_supports
@@ -114,6 +115,16 @@ TRIAL_SHARED_BYTES = 8 << 10
 #: (docs/performance.rst)
 VARIANT_MARGIN = 1.15
 
+
+#: on one node ``hierarchical`` is a candidate below this many bytes only, where it runs
+#: on the window's turn areas: above them its schedule rotates over areas of twice the
+#: vector, which the trial pays to map and to pass over (at P = 4 and 64 KiB on 2 cores,
+#: 6-11 ms of a 26-34 ms first call), and it timed no faster than ``shared_memory`` (P = 2
+#: and 4, 2026-11-28: 32 KiB 4.2-4.3 us against 3.6-3.9 at P = 2, 27-41 against 26-34 at
+#: P = 4; 64 KiB 7.0-7.5 against 5.6-5.9, and 35-66 against 39-55); from
+#: ``single_copy_bytes`` its schedule is ``shared_memory``'s. Below it, at 8 KiB and
+#: P = 2, it took 1.8-1.9 us against 2.1.
+HIERARCHICAL_ONE_NODE_BYTES = TURN_BYTES
 
 #: shared_memory's options that keep every size in the window
 WINDOW_ONLY = (("single_copy_bytes", 1 << 62),)
@@ -280,8 +291,8 @@ def _propose(collective, p, count, dtype, op, nodes, device, flat):
         return auto_choice(collective, p, nbytes, itemsize=dtype.itemsize, nodes=layout,
                            device=device), None
     names = auto_candidates(p, nodes)
-    if "shared_memory" in names:  # on one node hierarchical is the window's other schedule
-        names.append("hierarchical")
+    if "shared_memory" in names and nbytes < HIERARCHICAL_ONE_NODE_BYTES:
+        names.append("hierarchical")  # on one node, the window's other schedule
     if library_supports(dtype, op):  # auto is never slower than the library's own call
         names.append(MPI_NATIVE)
     choice, times, profile = explain(p, nbytes, itemsize=dtype.itemsize, nodes=nodes,
@@ -617,9 +628,8 @@ def trial_pick(options, typical) -> int:
 
 def distinct_plans(session, trial, count, dtype, op, alias=None):
     """``(trial, plans)``: the trial's entries less those whose schedule is an earlier
-    entry's on every rank (a window variant where the node refuses single-copy reads;
-    ``hierarchical``'s single copies on one node, which are ``shared_memory``'s), and each
-    entry's plan for ``count`` elements (in place where ``alias`` is 0), keyed by
+    entry's on every rank (a window variant where the node refuses single-copy reads), and
+    each entry's plan for ``count`` elements (in place where ``alias`` is 0), keyed by
     ``(name, options)``."""
     plans = {(name, options): plan_for(session, "allreduce", name, count, dtype, op,
                                        dict(options), alias)

@@ -212,9 +212,10 @@ def test_a_trial_waits_for_started_nonblocking_calls(fresh, monkeypatch):
 
 
 def test_shared_memory_is_timed_through_its_window_too_where_it_would_read(fresh, monkeypatch):
-    """From single_copy_bytes on, the trial times shared_memory and hierarchical both ways
-    (which wins depends on whether the cores share a cache), unless the node refuses the
-    reads; a schedule two entries share is timed once."""
+    """From single_copy_bytes on, the trial times shared_memory both ways (which wins
+    depends on whether the cores share a cache), unless the node refuses the reads; a
+    schedule two entries share is timed once. On one node hierarchical is a candidate below
+    HIERARCHICAL_ONE_NODE_BYTES only."""
     monkeypatch.delenv("MLCOMM_AUTO", raising=False)
     comm, s = fresh
     if P == 1:
@@ -228,14 +229,15 @@ def test_shared_memory_is_timed_through_its_window_too_where_it_would_read(fresh
                                    False)
         window = [t for t in trial if t[0] == "shared_memory" and t[1]]
         agree(len(window) == variants, f"{nbytes} B: {trial}")
-        agree(len([t for t in trial if t[0] == "hierarchical" and t[1]]) == variants,
-              f"{nbytes} B: {trial}")
+        agree(all(t[0] != "hierarchical" for t in trial), f"{nbytes} B: {trial}")
     kept, plans = auto.distinct_plans(s, trial, SINGLE_COPY_BYTES // 4, f32, "sum")
     agree((window[0] in kept) == s.window().single_copy, f"{kept} {s.window().single_copy}")
     agree(not plans["shared_memory", window[0][1]].program.fetches, "the window variant reads")
-    # on one node hierarchical's single copies are shared_memory's schedule: timed once
-    defaults = [t for t in kept if t[0] in ("shared_memory", "hierarchical") and not t[1]]
-    agree(len(defaults) == (1 if s.window().single_copy else 2), f"{kept}")
+    for nbytes in (8, auto.HIERARCHICAL_ONE_NODE_BYTES // 2, auto.HIERARCHICAL_ONE_NODE_BYTES):
+        _, trial = auto._propose("allreduce", P, nbytes // 4, f32, "sum", s.nodes, False,
+                                 False)
+        timed = ("hierarchical", ()) in trial
+        agree(timed == (nbytes < auto.HIERARCHICAL_ONE_NODE_BYTES), f"{nbytes} B: {trial}")
 
 
 def test_shared_memory_gives_the_same_bits_by_reads_and_through_its_window(fresh):
