@@ -105,6 +105,30 @@ def test_counts_that_differ_on_every_window_collective_and_size_end_the_job(
     assert secs < 60
 
 
+@pytest.mark.parametrize("algorithm", ["hierarchical", "reduce_scatter"])
+def test_a_count_that_differs_in_a_decided_band_ends_the_job_at_once(tmp_path, algorithm):
+    """auto's modelled choices hold for their size band, as its timed ones do: on two
+    nodes, hierarchical's inter-node choice and auto's reduce_scatter, after a first call
+    of 1000 on every rank, a rank whose count alone is new (1005) takes the band's choice
+    with no agreement and goes on to the call, whose checks end the job, naming it. Before,
+    that rank waited alone in the agreement of its new count while the others, whose
+    count was known, waited for it in the call: a stall reported every minute, no end."""
+    call = ('mlcomm.allreduce(np.ones(n, np.float32), algorithm="hierarchical")'
+            if algorithm == "hierarchical" else
+            "mlcomm.reduce_scatter(np.ones(n * size, np.float32))")
+    proc, secs = _job(tmp_path, 3, f"""
+        n = 1000
+        {call}
+        n = 1005 if rank == 1 else 1000
+        {call}
+        print("returned", rank, flush=True)
+    """, {"MLCOMM_RANKS_PER_NODE": "2", "MLCOMM_STALL_SECONDS": "20",
+          "MLCOMM_PROFILE": "/nonexistent"})
+    assert proc.returncode != 0 and "returned" not in proc.stdout, proc.stdout
+    assert "has waited" not in proc.stderr, proc.stderr[-3000:]
+    assert "validate=True" in proc.stderr and secs < 20, (secs, proc.stderr[-3000:])
+
+
 def test_mlcomm_algorithm_that_differs_is_an_error_on_every_rank(tmp_path):
     proc, _ = _job(tmp_path, 3, """
         os.environ["MLCOMM_ALGORITHM"] = "naive" if rank == 0 else "single_master"

@@ -222,14 +222,13 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
     """``auto``'s algorithm and its options for this call on ``session``, the same on every
     rank.
 
-    Collective on a call layout not seen before. On a new size band the ranks' calls are
-    compared: a count, dtype, op or kind of buffer that differs from rank 0's raises
+    Collective on a size band's first call (a later count in the band takes the band's
+    choice). There the ranks' calls are compared: a count, dtype, op or kind of buffer that differs from rank 0's raises
     ValueError on every rank (:meth:`~mlcomm.session.Session.agree`). Rank 0 proposes the
     tuned or modelled choice (:func:`auto_choice`), or for an all-reduce with neither a
     tuned choice nor ``MLCOMM_AUTO=model`` the candidates to time; every rank then runs the
-    same trial (:func:`_trial`), and its choice holds for the whole power-of-two size band.
-    ``flat``:
-    among the flat algorithms, for one rank per node (hierarchical's ``inter``). The options
+    same trial (:func:`_trial`). The choice, modelled or timed, holds for the whole
+    power-of-two size band. ``flat``: among the flat algorithms, for one rank per node (hierarchical's ``inter``). The options
     are empty but for a variant the trial timed (:data:`VARIANTS`). ``buffers``: the
     call's own ``(input, output)`` (one array where it is in place), which a trial runs on
     instead of arrays of its own (an output is written, an input only read; an in-place
@@ -240,8 +239,8 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
     choice = session.choices.get(key)
     if choice is not None:
         return choice[0], dict(choice[1])
-    band = ("band", collective, p, *_band_key(count, dtype, op), device, flat)
-    choice = session.choices.get(band)
+    band = (collective, p, *_band_key(count, dtype, op), device, flat)
+    choice = session.choices.get(("band", *band)) or session.choices.get(("modelled", *band))
     if choice is None:
         proposal = None
         if session.rank == 0 or flat and p == 1:
@@ -261,8 +260,10 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
         choice, trial = agreed
         choice = (choice, ()) if choice is not None else \
             _trial(session, trial, count, dtype, op, buffers)
-        if trial:
-            session.remember_choice(band, choice)
+        # a band's later counts need no agreement, modelled or timed: a rank whose count
+        # alone is new goes on to the call, whose checks name the difference, and does not
+        # wait alone in an agreement
+        session.remember_choice(("band" if trial else "modelled", *band), choice)
     session.remember_choice(key, choice)
     return choice[0], dict(choice[1])
 
