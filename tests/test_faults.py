@@ -129,6 +129,25 @@ def test_a_count_that_differs_in_a_decided_band_ends_the_job_at_once(tmp_path, a
     assert "validate=True" in proc.stderr and secs < 20, (secs, proc.stderr[-3000:])
 
 
+def test_a_first_hierarchical_call_that_differs_across_nodes_names_the_part(tmp_path):
+    """On several nodes hierarchical's first call agrees on its inter-node algorithm for a
+    part of the vector; a count that differs there raises on every rank, naming that part."""
+    proc, _ = _job(tmp_path, 3, f"""
+        try:
+            mlcomm.allreduce(np.ones(1005 if rank == 1 else 1000, np.float32),
+                             algorithm="hierarchical")
+        except ValueError as exc:
+            with open(os.path.join({str(tmp_path)!r}, f"raised{{rank}}"), "w") as f:
+                f.write(str(exc))
+    """, {"MLCOMM_RANKS_PER_NODE": "2", "MLCOMM_PROFILE": "/nonexistent"})
+    said = ("mlcomm: ranks [1] called with arguments that differ from rank 0 (count of "
+            "hierarchical's part across the nodes: rank 0 has 500, rank 1 has 503)")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for r in range(3):
+        raised = tmp_path / f"raised{r}"
+        assert raised.exists() and said in raised.read_text(), (r, proc.stderr[-3000:])
+
+
 def test_mlcomm_algorithm_that_differs_is_an_error_on_every_rank(tmp_path):
     proc, _ = _job(tmp_path, 3, """
         os.environ["MLCOMM_ALGORITHM"] = "naive" if rank == 0 else "single_master"

@@ -254,7 +254,8 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
         agreed = proposal if flat and p == 1 else session.agree(
             proposal, f"{collective} ({count} x {dtype}): auto's choice for a new size "
                       f"(mlcomm's agreement)",
-            (_CALL, (collective, count, str(dtype), op, "device" if device else "host")))
+            (_FLAT_CALL if flat else _CALL,
+             (collective, count, str(dtype), op, "device" if device else "host")))
         if isinstance(agreed, Exception):
             raise agreed
         choice, trial = agreed
@@ -270,6 +271,9 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
 
 #: what every rank's call must share where auto agrees on a new size band
 _CALL = ("collective", "count", "dtype", "op", "buffers")
+#: and where it agrees on hierarchical's inter-node algorithm, whose count is a part's
+_FLAT_CALL = ("collective", "count of hierarchical's part across the nodes", "dtype", "op",
+              "buffers")
 
 
 def auto_ran(session, collective, count, dtype, op, *, device=False):
