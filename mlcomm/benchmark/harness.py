@@ -368,10 +368,11 @@ def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
 
     Per size and placement, every algorithm is first checked (with ``check``) and warmed
     up, then timed in ``rounds`` interleaved rounds: each round times every algorithm for
-    ``iters / rounds`` calls after one untimed call and a barrier, in an order shuffled
-    each round (:func:`mlcomm.session.auto.round_order`). An algorithm's time per call is the
-    median over rounds, so a burst of noise from other processes lands on one round of every algorithm
-    alike, not on one algorithm's whole block (Google Benchmark's random interleaving, for
+    ``iters / rounds`` calls after one untimed call and a barrier, in an order that
+    changes each round, every algorithm after every other equally often
+    (:func:`mlcomm.session.auto.round_order`). An algorithm's time per call is the median
+    over rounds, so a burst of noise from other processes lands on one round of every
+    algorithm alike, not on one algorithm's whole block (Google Benchmark interleaves for
     the same reason).
     """
     from mpi4py import MPI
