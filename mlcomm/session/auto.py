@@ -223,16 +223,17 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
     rank.
 
     Collective on a size band's first call (a later count in the band takes the band's
-    choice). There the ranks' calls are compared: a count, dtype, op or kind of buffer that differs from rank 0's raises
-    ValueError on every rank (:meth:`~mlcomm.session.Session.agree`). Rank 0 proposes the
-    tuned or modelled choice (:func:`auto_choice`), or for an all-reduce with neither a
-    tuned choice nor ``MLCOMM_AUTO=model`` the candidates to time; every rank then runs the
-    same trial (:func:`_trial`). The choice, modelled or timed, holds for the whole
-    power-of-two size band. ``flat``: among the flat algorithms, for one rank per node (hierarchical's ``inter``). The options
-    are empty but for a variant the trial timed (:data:`VARIANTS`). ``buffers``: the
-    call's own ``(input, output)`` (one array where it is in place), which a trial runs on
-    instead of arrays of its own (an output is written, an input only read; an in-place
-    call's array is restored after the trial).
+    choice). There the ranks' calls are compared: a count, dtype, op or kind of buffer
+    that differs from rank 0's raises ValueError on every rank
+    (:meth:`~mlcomm.session.Session.agree`). Rank 0 proposes the tuned or modelled choice
+    (:func:`auto_choice`), or for an all-reduce with neither a tuned choice nor
+    ``MLCOMM_AUTO=model`` the candidates to time; every rank then runs the same trial
+    (:func:`_trial`). The choice, modelled or timed, holds for the whole power-of-two size
+    band. ``flat``: among the flat algorithms, for one rank per node (hierarchical's
+    ``inter``). The options are empty but for a variant the trial timed
+    (:data:`VARIANTS`). ``buffers``: the call's own ``(input, output)`` (one array where it
+    is in place), which a trial runs on instead of arrays of its own (an output is written,
+    an input only read; an in-place call's array is restored after the trial).
     """
     p = len(session.nodes) if flat else session.size
     key = (collective, p, count, dtype.str, op, device, flat)
@@ -322,7 +323,7 @@ def round_order(names, k) -> list:
     Williams design, in which over a period every name follows every other equally often
     and takes every place (n rounds for n names, n even; 2n for n odd, each row then its
     reverse). A block pays for what the block before it left (at 64 KiB and P = 2 on 2
-    cores, ``shared_memory`` after MPICH's ``MPI_Allreduce`` took 3-8 % more), and a
+    cores, ``shared_memory`` after MPICH's ``MPI_Allreduce`` took 3-14 % more), and a
     shuffle seeded by the round put one candidate after it in 4 of 5 rounds and another
     in none (docs/performance.rst)."""
     n = len(names)
