@@ -78,14 +78,15 @@ def register(subparsers):
     add_option(p)
     add_sweep(p)
     p.add_argument("-n", "--iters", type=positive_int, default=None,
-                   help="timed calls per size (default: size-aware, 200 for small messages "
-                        "down to 5 for large ones)")
+                   help="timed calls per size (default: size-aware, 40 a round for small "
+                        "messages down to 1 for large ones)")
     p.add_argument("-w", "--warmup", type=non_negative_int, default=None,
                    help="untimed calls before timing (default iters/4)")
-    p.add_argument("-r", "--rounds", type=positive_int, default=5,
+    p.add_argument("-r", "--rounds", type=positive_int, default=None,
                    help="split the timed calls into this many rounds that interleave the "
-                        "algorithms; each one's time is its median round (default 5; 1 times "
-                        "each algorithm in one block)")
+                        "algorithms; each one's time is its median round (default: n rounds "
+                        "for n algorithms, `mpi` included, 2n for n odd, over which each "
+                        "follows every other equally often; 1 times each in one block)")
     add_dtype(p, "float32", "element type: float64, float32, float16, bfloat16, int32, ... "
                             "(default float32); with --kernels a list, e.g. float32,float16")
     add_op(p, "sum", choices=OPS, metavar="OP",

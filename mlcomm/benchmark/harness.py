@@ -67,6 +67,25 @@ def default_iters(nbytes: int, quick: bool = False) -> tuple[int, int]:
     return iters, max(1 if quick else 2, iters // 4)
 
 
+#: by default a round times a block of this share of :func:`default_iters`' calls
+BLOCKS = 5
+
+
+def _calls(cfg, nbytes: int) -> tuple[int, int, int]:
+    """``(rounds, calls per round, warmup)`` of one size: ``cfg.rounds`` rounds, else a
+    period of the round order, over which every algorithm follows every other equally
+    often (:func:`mlcomm.session.auto.round_period`); ``cfg.iters`` calls split over them,
+    else a block of a :data:`BLOCKS`-th of :func:`default_iters`' calls a round."""
+    from ..session.auto import round_period
+    iters, warmup = default_iters(nbytes, cfg.quick)
+    rounds = cfg.rounds or round_period(len(cfg.algorithms))
+    if cfg.iters is not None:
+        iters = cfg.iters
+        rounds = max(1, min(rounds, iters))
+    per_round = -(-iters // rounds) if cfg.iters is not None else -(-iters // BLOCKS)
+    return rounds, per_round, warmup if cfg.warmup is None else cfg.warmup
+
+
 def peak_rss_mib() -> float:
     """Return this process's peak resident set size in MiB since the last reset (see rss)."""
     return _rss.peak_bytes() / 2 ** 20
@@ -113,7 +132,7 @@ class BenchConfig:
     placements: tuple[bool, ...] = (False,)          # in_place values to run
     iters: int | None = None                         # None: default_iters(size)
     warmup: int | None = None
-    rounds: int = 5                                  # interleaved timing rounds
+    rounds: int | None = None                        # None: a period of the round order
     quick: bool = False
     check: bool = False
     device: str = "cpu"
@@ -367,13 +386,13 @@ def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
     """Run the sweep of ``cfg`` on ``comm``; return the records (same on every rank).
 
     Per size and placement, every algorithm is first checked (with ``check``) and warmed
-    up, then timed in ``rounds`` interleaved rounds: each round times every algorithm for
-    ``iters / rounds`` calls after one untimed call and a barrier, in an order that
-    changes each round, every algorithm after every other equally often
-    (:func:`mlcomm.session.auto.round_order`). An algorithm's time per call is the median
-    over rounds, so a burst of noise from other processes lands on one round of every
-    algorithm alike, not on one algorithm's whole block (Google Benchmark interleaves for
-    the same reason).
+    up, then timed in interleaved rounds (:func:`_calls`: by default a period of the round
+    order): each round times every algorithm's block of calls after one untimed call and a
+    barrier, in an order that changes each round, every algorithm after every other
+    equally often over the period (:func:`mlcomm.session.auto.round_order`). An
+    algorithm's time per call is the median over rounds, so a burst of noise from other
+    processes lands on one round of every algorithm alike, not on one algorithm's whole
+    block (Google Benchmark interleaves for the same reason).
     """
     from mpi4py import MPI
 
@@ -403,11 +422,7 @@ def run_bench(cfg: BenchConfig, comm=None) -> list[dict]:
     records = []
     for nbytes in cfg.sizes:
         count = nbytes // dtype.itemsize
-        iters, warmup = default_iters(nbytes, cfg.quick)
-        iters = cfg.iters if cfg.iters is not None else iters
-        warmup = cfg.warmup if cfg.warmup is not None else warmup
-        rounds = max(1, min(cfg.rounds, iters))
-        per_round = -(-iters // rounds) if iters else 0
+        rounds, per_round, warmup = _calls(cfg, nbytes)
         send = dev.empty(count, dtype)
         recv = dev.empty(count, dtype)
         host_data = _fill(np.empty(count, dtype), rank, size, op)

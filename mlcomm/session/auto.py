@@ -27,7 +27,7 @@ from ..transport.native import supports as library_supports
 log = logging.getLogger("mlcomm")
 
 __all__ = ["requested", "auto_choice", "agreed_choice", "auto_ran", "plan_for", "round_order",
-           "TRIAL_BYTES"]
+           "round_period", "TRIAL_BYTES"]
 
 #: a trial times a call of at most this many bytes (a larger call's band is judged by it)
 TRIAL_BYTES = 16 << 20
@@ -332,6 +332,13 @@ def round_order(names, k) -> list:
         return [names[(f + k) % n] for f in first]
     row = [names[(f + k // 2) % n] for f in first]
     return row[::-1] if k % 2 else row
+
+
+def round_period(n) -> int:
+    """The rounds after which :func:`round_order` of ``n`` names repeats: the fewest over
+    which every name follows every other equally often (n for n even, 2n for n odd, one
+    for one name)."""
+    return n if n % 2 == 0 or n == 1 else 2 * n
 
 
 def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
