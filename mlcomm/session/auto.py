@@ -85,7 +85,11 @@ TRIAL_WARM_LARGE = 1
 #: after a probe, a candidate whose first call takes this much longer than the fastest call
 #: before it (in the model's order) is not called again: setting up adds less (at P = 4 and
 #: 16 MiB on 2 cores, shared_memory's first calls took 9-13 ms, its second 8-10; the
-#: library's 24-30 and 17-26, a quarter of the trial)
+#: library's 24-30 and 17-26, a quarter of the trial). The library's call that the probe
+#: timed within TRIAL_PROBE_PRUNE of the fastest is the exception: it goes on to the rounds
+#: however slow its first calls, where a library sets up a new size over several calls (at
+#: 2 MiB and P = 2 on Intel MPI: 800-2200 us, then 250-300, then 100 a call, where ring's
+#: take 150, 120 and 115; it was left out and auto ran ring, 1.13x the library's call)
 TRIAL_SLOW_FIRST = 2.0
 #: from TRIAL_PROBE_BYTES, where the model's times are its bandwidth terms (bytes moved and
 #: reduced, which the layout fixes), a candidate it predicts this much slower than its
@@ -109,10 +113,11 @@ TRIAL_TIE = 1.02
 #: many bytes, for every integer dtype of its size too, where a reduction costs a fraction
 #: of a microsecond (8 KiB: 0.44-0.54 us, whichever op and dtype)
 TRIAL_SHARED_BYTES = 8 << 10
-#: a variant (:data:`VARIANTS`) is chosen only where it times this much faster than the
-#: fastest default: the window's gain is small where the cores share a cache, its loss large
-#: where they do not, and a machine can move between the two within a job
-#: (docs/performance.rst)
+#: a window variant (:data:`WINDOW_ONLY`) is chosen only where it times this much faster
+#: than the fastest default: the window's gain is small where the cores share a cache, its
+#: loss large where they do not, and a machine can move between the two within a job
+#: (docs/performance.rst). The library's blocking call needs no margin: its time is the
+#: library's own call's, which auto is never to lose to
 VARIANT_MARGIN = 1.15
 
 
@@ -359,10 +364,12 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     a first pass over 32 areas of 64 KiB: 10-12 us a call, then 5.5), then
     :data:`TRIAL_WARM` times (after a probe :data:`TRIAL_WARM_LARGE` times, or once more
     where the budget holds it; neither where that first call took :data:`TRIAL_SLOW_FIRST`
-    times the fastest call before it), the fastest of those calls standing for it, the first
-    included (setting up only adds to it); of those called again, the
-    :data:`TRIAL_FINALISTS` fastest, those within :data:`TRIAL_PRUNE` of the fastest and the
-    model's favourite are then timed in rounds of interleaved blocks (a block lasts at least
+    times the fastest call before it, unless it is the library's call and the probe timed it
+    within :data:`TRIAL_PROBE_PRUNE` of the fastest), the fastest of those calls standing for
+    it, the first included (setting up only adds to it); of those called again, the
+    :data:`TRIAL_FINALISTS` fastest, those within :data:`TRIAL_PRUNE` of the fastest, such
+    a library call and the model's favourite are then timed in rounds of interleaved
+    blocks (a block lasts at least
     :data:`TRIAL_BLOCK_SECONDS`; one of fewer than :data:`TRIAL_BLOCK_CALLS` calls follows
     an untimed call), each round dropping those whose median is :data:`TRIAL_DROP` slower
     than the best, until one is left, the rounds are done or the budget, less the call to
@@ -392,7 +399,7 @@ def _measure(session, trial, count, dtype, op, arena, n, began) -> tuple:
     probes = [n // 16] if n * dtype.itemsize >= TRIAL_PROBE_BYTES else []
     record = {"probes": [int(m) for m in probes], "probed": [], "first": {}, "warm": {},
               "warm_calls": 0, "calls": {}, "median": {}}
-    spare = False
+    spare, settling = False, set()
     for m in probes:  # cheap calls on a smaller size thin out the candidates
         trial, plans = distinct_plans(session, trial, m, dtype, op, arena.alias)
         times, elapsed = _slowest(session, _probe(arena, [plans[entry] for entry in trial],
@@ -426,8 +433,12 @@ def _measure(session, trial, count, dtype, op, arena, n, began) -> tuple:
         if len(ranked) == 1:
             return _decided(session, count, dtype, op, record, trial[ranked[0]], elapsed,
                             TRIAL_STEADY * n / m * times.min() + TRIAL_FLOOR)
+        settling = {trial[i] for i in ranked if trial[i][0] == MPI_NATIVE
+                    and times[i] <= TRIAL_PROBE_PRUNE * times.min()}
         trial = [trial[i] for i in sorted(ranked)]  # in the model's order still
     trial, plans = distinct_plans(session, trial, n, dtype, op, arena.alias)
+    # the library's calls the probe found close to the fastest: no first call rules them out
+    settling = {i for i, entry in enumerate(trial) if entry in settling}
     arena.reserve([plans[entry] for entry in trial], n)
     bindings, kept = {}, None
     try:
@@ -451,8 +462,8 @@ def _measure(session, trial, count, dtype, op, arena, n, began) -> tuple:
             if probes:  # the slowest rank's, as are the calls before: every rank skips alike
                 first[:i + 1], basis[:i] = np.split(_slowest(
                     session, np.concatenate([first[:i + 1], basis[:i]]), began)[0], [i + 1])
-                if first[i] >= TRIAL_SLOW_FIRST * np.minimum(first[:i], basis[:i]).min(
-                        initial=np.inf):
+                if i not in settling and first[i] >= TRIAL_SLOW_FIRST * np.minimum(
+                        first[:i], basis[:i]).min(initial=np.inf):
                     continue
             for _ in range(passes[i]):  # each area once: the first is slow
                 bindings[i].run()
@@ -470,9 +481,11 @@ def _measure(session, trial, count, dtype, op, arena, n, began) -> tuple:
         coming = basis[ranked[0]] if keeps else setup[ranked[0]] + first[ranked[0]]
         # and the model's favourite (first): single calls of ranks that share cores are
         # noise (P = 4 on 2 cores, 8 B: shared_memory's fastest of four took 14-74 us, its
-        # rounds' median 8, and it was left out in 2 of 4 trials)
-        alive = sorted({0} | {i for k, i in enumerate(ranked) if warmed[i] < np.inf and (
-            k < TRIAL_FINALISTS or basis[i] <= TRIAL_PRUNE * basis.min())})
+        # rounds' median 8, and it was left out in 2 of 4 trials); and the library's calls
+        # still settling
+        alive = sorted({0} | settling | {
+            i for k, i in enumerate(ranked) if warmed[i] < np.inf and (
+                k < TRIAL_FINALISTS or basis[i] <= TRIAL_PRUNE * basis.min())})
         samples = {i: [] for i in alive}
         estimate = basis.copy()
         calls = np.zeros(len(trial), np.int64)
@@ -642,9 +655,10 @@ def _label_of(entry) -> str:
 
 def trial_pick(options, typical) -> int:
     """The index of the trial's choice among entries with these ``options`` and median
-    times: the fastest, a variant's time counted :data:`VARIANT_MARGIN` times over; the
-    first (the model's favourite) of those within :data:`TRIAL_TIE` of it."""
-    judged = np.asarray(typical) * [VARIANT_MARGIN if o else 1.0 for o in options]
+    times: the fastest, a window variant's time counted :data:`VARIANT_MARGIN` times over;
+    the first (the model's favourite) of those within :data:`TRIAL_TIE` of it."""
+    judged = np.asarray(typical) * [VARIANT_MARGIN if o == WINDOW_ONLY else 1.0
+                                    for o in options]
     return int(np.argmax(judged <= judged.min() * TRIAL_TIE))
 
 
