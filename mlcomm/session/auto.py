@@ -85,11 +85,12 @@ TRIAL_WARM_LARGE = 1
 #: after a probe, a candidate whose first call takes this much longer than the fastest call
 #: before it (in the model's order) is not called again: setting up adds less (at P = 4 and
 #: 16 MiB on 2 cores, shared_memory's first calls took 9-13 ms, its second 8-10; the
-#: library's 24-30 and 17-26, a quarter of the trial). The library's call that the probe
-#: timed within TRIAL_PROBE_PRUNE of the fastest is the exception: it goes on to the rounds
-#: however slow its first calls, where a library sets up a new size over several calls (at
-#: 2 MiB and P = 2 on Intel MPI: 800-2200 us, then 250-300, then 100 a call, where ring's
-#: take 150, 120 and 115; it was left out and auto ran ring, 1.13x the library's call)
+#: library's 24-30 and 17-26, a quarter of the trial). The library's blocking call (the
+#: call auto is never to lose to) that the probe timed within TRIAL_PROBE_PRUNE of the
+#: fastest is the exception: it goes on to the rounds however slow its first calls, where a
+#: library sets up a new size over several calls (at 2 MiB and P = 2 on Intel MPI: 800-2200
+#: us, then 250-300, then 100 a call, where ring's take 150, 120 and 115; it was left out
+#: and auto ran ring, 1.13x the library's call)
 TRIAL_SLOW_FIRST = 2.0
 #: from TRIAL_PROBE_BYTES, where the model's times are its bandwidth terms (bytes moved and
 #: reduced, which the layout fixes), a candidate it predicts this much slower than its
@@ -364,12 +365,12 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     a first pass over 32 areas of 64 KiB: 10-12 us a call, then 5.5), then
     :data:`TRIAL_WARM` times (after a probe :data:`TRIAL_WARM_LARGE` times, or once more
     where the budget holds it; neither where that first call took :data:`TRIAL_SLOW_FIRST`
-    times the fastest call before it, unless it is the library's call and the probe timed it
-    within :data:`TRIAL_PROBE_PRUNE` of the fastest), the fastest of those calls standing for
-    it, the first included (setting up only adds to it); of those called again, the
-    :data:`TRIAL_FINALISTS` fastest, those within :data:`TRIAL_PRUNE` of the fastest, such
-    a library call and the model's favourite are then timed in rounds of interleaved
-    blocks (a block lasts at least
+    times the fastest call before it, unless it is the library's blocking call and the probe
+    timed it within :data:`TRIAL_PROBE_PRUNE` of the fastest), the fastest of those calls
+    standing for it, the first included (setting up only adds to it); of those called
+    again, the :data:`TRIAL_FINALISTS` fastest, those within :data:`TRIAL_PRUNE` of the
+    fastest, such a library call and the model's favourite are then timed in rounds of
+    interleaved blocks (a block lasts at least
     :data:`TRIAL_BLOCK_SECONDS`; one of fewer than :data:`TRIAL_BLOCK_CALLS` calls follows
     an untimed call), each round dropping those whose median is :data:`TRIAL_DROP` slower
     than the best, until one is left, the rounds are done or the budget, less the call to
@@ -433,11 +434,12 @@ def _measure(session, trial, count, dtype, op, arena, n, began) -> tuple:
         if len(ranked) == 1:
             return _decided(session, count, dtype, op, record, trial[ranked[0]], elapsed,
                             TRIAL_STEADY * n / m * times.min() + TRIAL_FLOOR)
-        settling = {trial[i] for i in ranked if trial[i][0] == MPI_NATIVE
+        settling = {trial[i] for i in ranked if trial[i] == (MPI_NATIVE, BLOCKING)
                     and times[i] <= TRIAL_PROBE_PRUNE * times.min()}
         trial = [trial[i] for i in sorted(ranked)]  # in the model's order still
     trial, plans = distinct_plans(session, trial, n, dtype, op, arena.alias)
-    # the library's calls the probe found close to the fastest: no first call rules them out
+    # the library's own call, where the probe found it close to the fastest: no first call
+    # rules it out
     settling = {i for i, entry in enumerate(trial) if entry in settling}
     arena.reserve([plans[entry] for entry in trial], n)
     bindings, kept = {}, None
