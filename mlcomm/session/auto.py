@@ -86,12 +86,15 @@ TRIAL_WARM_LARGE = 1
 #: before it (in the model's order) is not called again: setting up adds less (at P = 4 and
 #: 16 MiB on 2 cores, shared_memory's first calls took 9-13 ms, its second 8-10; the
 #: library's 24-30 and 17-26, a quarter of the trial). The library's blocking call (the
-#: call auto is never to lose to) that the probe timed within TRIAL_PROBE_PRUNE of the
-#: fastest is the exception: it goes on to the rounds however slow its first calls, where a
-#: library sets up a new size over several calls (at 2 MiB and P = 2 on Intel MPI: 800-2200
-#: us, then 250-300, then 100 a call, where ring's take 150, 120 and 115; it was left out
-#: and auto ran ring, 1.13x the library's call)
+#: call auto is never to lose to) that the probe timed within TRIAL_SETTLE of the fastest
+#: is the exception: it goes on to the rounds however slow its first calls, where a library
+#: sets up a new size over several calls (at 2 MiB and P = 2 on Intel MPI: 800-2200 us,
+#: then 250-300, then 100 a call, where ring's take 150, 120 and 115; probed at 1.09-1.10
+#: of the fastest, it was left out and auto ran ring, 1.13x the library's call). MPICH's at
+#: 16 MiB, probed at 1.3-1.7 of the fastest, took 3x shared_memory's, its second call 17 ms
+#: of a 70 ms budget
 TRIAL_SLOW_FIRST = 2.0
+TRIAL_SETTLE = 1.2
 #: from TRIAL_PROBE_BYTES, where the model's times are its bandwidth terms (bytes moved and
 #: reduced, which the layout fixes), a candidate it predicts this much slower than its
 #: favourite is not timed at all, the library's call apart (at P = 4 and 16 MiB on 2 cores
@@ -366,7 +369,7 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     :data:`TRIAL_WARM` times (after a probe :data:`TRIAL_WARM_LARGE` times, or once more
     where the budget holds it; neither where that first call took :data:`TRIAL_SLOW_FIRST`
     times the fastest call before it, unless it is the library's blocking call and the probe
-    timed it within :data:`TRIAL_PROBE_PRUNE` of the fastest), the fastest of those calls
+    timed it within :data:`TRIAL_SETTLE` of the fastest), the fastest of those calls
     standing for it, the first included (setting up only adds to it); of those called
     again, the :data:`TRIAL_FINALISTS` fastest, those within :data:`TRIAL_PRUNE` of the
     fastest, such a library call and the model's favourite are then timed in rounds of
@@ -435,7 +438,7 @@ def _measure(session, trial, count, dtype, op, arena, n, began) -> tuple:
             return _decided(session, count, dtype, op, record, trial[ranked[0]], elapsed,
                             TRIAL_STEADY * n / m * times.min() + TRIAL_FLOOR)
         settling = {trial[i] for i in ranked if trial[i] == (MPI_NATIVE, BLOCKING)
-                    and times[i] <= TRIAL_PROBE_PRUNE * times.min()}
+                    and times[i] <= TRIAL_SETTLE * times.min()}
         trial = [trial[i] for i in sorted(ranked)]  # in the model's order still
     trial, plans = distinct_plans(session, trial, n, dtype, op, arena.alias)
     # the library's own call, where the probe found it close to the fastest: no first call
