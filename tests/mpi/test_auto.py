@@ -428,28 +428,37 @@ def test_the_trial_writes_a_calls_output_before_any_candidate_runs(trial, monkey
           "not the exact sum in the caller's output")
 
 
+def _trial_with_slow_firsts(monkeypatch, comm, s, slow):
+    """The first all-reduce of TRIAL_PROBE_BYTES on ``comm`` (session ``s``), whose trial's
+    full-size bindings for which ``slow(algorithm, k)`` holds (the k-th bound, from 1) take
+    0.2 s longer on their first call on one rank (the decision is the slowest's); the sum
+    checked. Returns ``(order, calls, record)`` (:func:`_count_runs`, the trial's record)."""
+    import time
+    count, first = auto.TRIAL_PROBE_BYTES // 4, set()
+
+    def before(k):
+        if k not in first and slow(order[k - 1], k):
+            first.add(k)
+            if RANK == P - 1:
+                time.sleep(0.2)
+
+    order, calls = _count_runs(monkeypatch, count, before)
+    x = (np.arange(count) % 7 + RANK).astype(np.int32)
+    got = mlcomm.allreduce(x, comm=comm)
+    agree(np.array_equal(got, np.arange(count) % 7 * P + P * (P - 1) // 2), "not the exact sum")
+    return order, calls, s.trials[auto._band_key(count, x.dtype, "sum")]
+
+
 def test_after_a_probe_a_slow_first_call_is_not_called_again(trial, monkeypatch):
     """After a probe, a candidate whose first call at the full size takes TRIAL_SLOW_FIRST
     times the fastest call before it (here the second of two, made 0.2 s slower) is called
     no more: no warm call, no round. Every rank skips it alike; the result is exact."""
-    import time
     monkeypatch.setattr(auto, "auto_candidates", lambda p, nodes: ["ring", "naive"])
     monkeypatch.setattr(auto, "library_supports", lambda dtype, op: False)
     monkeypatch.setattr(auto, "TRIAL_MODEL_PRUNE", float("inf"))  # naive, at any P
     # an even probe: both go on to the full size, in the model's order
     monkeypatch.setattr(auto, "_probe", lambda arena, plans, m, sync: np.ones(len(plans)))
-    comm, s = trial
-    count = auto.TRIAL_PROBE_BYTES // 4
-
-    def late(k):  # one rank's: the decision is the slowest's
-        if k == 2 and RANK == P - 1:
-            time.sleep(0.2)
-
-    order, calls = _count_runs(monkeypatch, count, late)
-    x = (np.arange(count) % 7 + RANK).astype(np.int32)
-    got = mlcomm.allreduce(x, comm=comm)
-    agree(np.array_equal(got, np.arange(count) % 7 * P + P * (P - 1) // 2), "not the exact sum")
-    record = s.trials[auto._band_key(count, x.dtype, "sum")]
+    order, calls, record = _trial_with_slow_firsts(monkeypatch, *trial, lambda name, k: k == 2)
     agree(len(order) == 2, f"both candidates at the full size: {order} {record}")
     slow, fast = order[1], order[0]
     agree(calls[slow] == 1 and record["calls"][slow] == 0 and slow not in record["warm"],
@@ -468,7 +477,6 @@ def test_after_a_probe_the_librarys_own_call_close_to_the_fastest_settles(
     call, or the blocking one probed 1.4x as slow as the fastest, is ruled out by a slow
     first call as any other candidate is. Here the model ranks the library last and both
     its first calls are made 0.2 s slower."""
-    import time
     from mlcomm.algorithms import MPI_NATIVE
     monkeypatch.setattr(auto, "auto_candidates", lambda p, nodes: ["ring", "naive"])
     monkeypatch.setattr(auto, "library_supports", lambda dtype, op: True)
@@ -483,21 +491,8 @@ def test_after_a_probe_the_librarys_own_call_close_to_the_fastest_settles(
     monkeypatch.setattr(auto, "explain", library_last)
     monkeypatch.setattr(auto, "_probe", lambda arena, plans, m, sync: np.array(
         [probed if plan.algorithm == MPI_NATIVE else 1.0 for plan in plans]) * 1e-4)
-    comm, s = trial
-    count = auto.TRIAL_PROBE_BYTES // 4
-    first = set()
-
-    def slow_library_first(k):  # one rank's: the decision is the slowest's
-        if order[k - 1] == MPI_NATIVE and k not in first:
-            first.add(k)
-            if RANK == P - 1:
-                time.sleep(0.2)
-
-    order, calls = _count_runs(monkeypatch, count, slow_library_first)
-    x = (np.arange(count) % 7 + RANK).astype(np.int32)
-    got = mlcomm.allreduce(x, comm=comm)
-    agree(np.array_equal(got, np.arange(count) % 7 * P + P * (P - 1) // 2), "not the exact sum")
-    record = s.trials[auto._band_key(count, x.dtype, "sum")]
+    order, calls, record = _trial_with_slow_firsts(monkeypatch, *trial,
+                                                   lambda name, k: name == MPI_NATIVE)
     library = [MPI_NATIVE, MPI_NATIVE + " (blocking)"]
     agree(order[-1] == MPI_NATIVE and record["first"][library[0]] >= 0.2
           and library[0] not in record["warm"],
