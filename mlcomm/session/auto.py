@@ -360,7 +360,8 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     candidates are first timed on a sixteenth of the size (:func:`_probe`), which leaves the
     fastest of each way of moving data (:func:`_way`) within :data:`TRIAL_WAY_PRUNE` of the
     fastest, then the fastest of the rest up to :data:`TRIAL_FINALISTS` in all and more
-    while the budget holds :data:`TRIAL_FINALIST_CALLS` full-size calls of each, and the
+    while the budget holds :data:`TRIAL_FINALIST_CALLS` full-size calls of each, the
+    library's blocking call where it is within :data:`TRIAL_SETTLE` of the fastest, and the
     model's favourite, unless a form of it is among them (and none the model predicts
     :data:`TRIAL_MODEL_PRUNE` slower is probed). Each candidate left is bound at the full
     size; once the ranks are lined up, each is called once, then once on each other area of
@@ -430,6 +431,10 @@ def _measure(session, trial, count, dtype, op, arena, n, began) -> tuple:
                 break
             ranked.append(i)
             left -= cost[i]
+        # the library's own call, probed close to the fastest, goes on and settles (below)
+        settle = {i for i, entry in enumerate(trial) if entry == (MPI_NATIVE, BLOCKING)
+                  and times[i] <= TRIAL_SETTLE * times.min()}
+        ranked += sorted(settle - set(ranked))
         spare = bool(left >= n / m * times[ranked].sum())  # a second warm call of each
         if times[0] <= TRIAL_FAVOURITE_PRUNE * times.min() and \
                 all(trial[i][0] != trial[0][0] for i in ranked):
@@ -437,8 +442,7 @@ def _measure(session, trial, count, dtype, op, arena, n, began) -> tuple:
         if len(ranked) == 1:
             return _decided(session, count, dtype, op, record, trial[ranked[0]], elapsed,
                             TRIAL_STEADY * n / m * times.min() + TRIAL_FLOOR)
-        settling = {trial[i] for i in ranked if trial[i] == (MPI_NATIVE, BLOCKING)
-                    and times[i] <= TRIAL_SETTLE * times.min()}
+        settling = {trial[i] for i in settle}
         trial = [trial[i] for i in sorted(ranked)]  # in the model's order still
     trial, plans = distinct_plans(session, trial, n, dtype, op, arena.alias)
     # the library's own call, where the probe found it close to the fastest: no first call
