@@ -75,7 +75,8 @@ def test_rounds_balance_places_and_neighbours_alike_on_every_rank():
     last = names[-1]
     assert len({o.index(last) for o in orders}) >= 4
     assert len({o[o.index(last) - 1] for o in orders if o.index(last)}) >= 4
-    def balanced(rows):
+
+    def balanced(rows, n):
         pairs = Counter(p for row in rows for p in zip(row, row[1:]))
         places = Counter((x, i) for row in rows for i, x in enumerate(row))
         return len(pairs) == n * (n - 1) and len(set(pairs.values())) == 1 and \
@@ -86,8 +87,8 @@ def test_rounds_balance_places_and_neighbours_alike_on_every_rank():
         period = round_period(n)
         assert period == (n if n % 2 == 0 else 2 * n)
         rows = [round_order(list(range(n)), k) for k in range(2 * period)]
-        assert rows[period:] == rows[:period] and balanced(rows[:period]), (n, rows)
-        assert not any(balanced(rows[:k]) for k in range(1, period)), n  # the fewest
+        assert rows[period:] == rows[:period] and balanced(rows[:period], n), (n, rows)
+        assert not any(balanced(rows[:k], n) for k in range(1, period)), n  # the fewest
     three = [round_order(["mpi", "a", "b"], k) for k in range(5)]
     after_mpi = Counter(o[o.index("mpi") + 1] for o in three if o[-1] != "mpi")
     assert max(after_mpi.values()) <= 2, three

@@ -130,7 +130,7 @@ class BenchConfig:
     dtype: np.dtype = field(default_factory=lambda: np.dtype("float32"))
     op: str = "sum"
     placements: tuple[bool, ...] = (False,)          # in_place values to run
-    iters: int | None = None                         # None: default_iters(size)
+    iters: int | None = None                         # None: per round, default_iters / BLOCKS
     warmup: int | None = None
     rounds: int | None = None                        # None: a period of the round order
     quick: bool = False

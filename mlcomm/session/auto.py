@@ -94,6 +94,7 @@ TRIAL_WARM_LARGE = 1
 #: 16 MiB, probed at 1.3-1.7 of the fastest, took 3x shared_memory's, its second call 17 ms
 #: of a 70 ms budget
 TRIAL_SLOW_FIRST = 2.0
+#: the library's blocking call within this factor of the probe's fastest settles (above)
 TRIAL_SETTLE = 1.2
 #: from TRIAL_PROBE_BYTES, where the model's times are its bandwidth terms (bytes moved and
 #: reduced, which the layout fixes), a candidate it predicts this much slower than its
@@ -404,7 +405,7 @@ def _measure(session, trial, count, dtype, op, arena, n, began) -> tuple:
     probes = [n // 16] if n * dtype.itemsize >= TRIAL_PROBE_BYTES else []
     record = {"probes": [int(m) for m in probes], "probed": [], "first": {}, "warm": {},
               "warm_calls": 0, "calls": {}, "median": {}}
-    spare, settling = False, set()
+    spare, settled = False, set()  # the library's blocking call where it settles
     for m in probes:  # cheap calls on a smaller size thin out the candidates
         trial, plans = distinct_plans(session, trial, m, dtype, op, arena.alias)
         times, elapsed = _slowest(session, _probe(arena, [plans[entry] for entry in trial],
@@ -442,12 +443,12 @@ def _measure(session, trial, count, dtype, op, arena, n, began) -> tuple:
         if len(ranked) == 1:
             return _decided(session, count, dtype, op, record, trial[ranked[0]], elapsed,
                             TRIAL_STEADY * n / m * times.min() + TRIAL_FLOOR)
-        settling = {trial[i] for i in settle}
+        settled = {trial[i] for i in settle}
         trial = [trial[i] for i in sorted(ranked)]  # in the model's order still
     trial, plans = distinct_plans(session, trial, n, dtype, op, arena.alias)
     # the library's own call, where the probe found it close to the fastest: no first call
     # rules it out
-    settling = {i for i, entry in enumerate(trial) if entry in settling}
+    settling = {i for i, entry in enumerate(trial) if entry in settled}
     arena.reserve([plans[entry] for entry in trial], n)
     bindings, kept = {}, None
     try:
