@@ -26,7 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mlcomm
-from mlcomm.session import get as session_of
+from mlcomm.session import session_of
 from mlcomm.session.auto import auto_ran
 
 SIZES = (8, 64 << 10, 16 << 20)

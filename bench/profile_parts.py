@@ -66,7 +66,7 @@ def _bound(comm, schedule, send, recv):
     from mlcomm.runtime.plan import plan_for_schedule
 
     plan = plan_for_schedule(schedule, send.dtype, "sum")
-    return session.get(comm).own_binding(plan, send, recv).run
+    return session.session_of(comm).own_binding(plan, send, recv).run
 
 
 def calls_for(comm, algorithms, send, recv):
@@ -90,7 +90,7 @@ def calls_for(comm, algorithms, send, recv):
         if name not in ALGORITHMS or not ALGORITHMS[name].hand_written:
             raise ValueError(f"--algorithms: {name!r} is not a hand-written all-reduce (choose "
                              f"from {sorted(a for a in ALGORITHMS if ALGORITHMS[a].hand_written)})")
-        context = session.get(comm).context(ALGORITHMS[name].context)  # as the call has it
+        context = session.session_of(comm).context(ALGORITHMS[name].context)  # as the call has it
         schedule = ALGORITHMS[name].build(rank, size, send.size, send.itemsize, **context)
         calls[name] = (lambda n: lambda: allreduce(send, recv, comm=comm, algorithm=n))(name)
         calls[f"{name}:persistent"] = allreduce_init(send, recv, comm=comm, algorithm=name)

@@ -45,9 +45,10 @@ def main(argv=None):
     args = _parser().parse_args(argv)
     from mpi4py import MPI
     from mlcomm.api import Persistent
+    from mlcomm.session import Call
     comm = MPI.COMM_WORLD.Dup()
     mine, rows = np.zeros(8, np.uint8), np.zeros(8 * comm.size, np.uint8)
-    gather = Persistent("allgather", mine, rows, "sum", comm, args.algorithm, 0, None, {})
+    gather = Persistent(Call("allgather", mine, rows, comm=comm, algorithm=args.algorithm))
     from mlcomm.runtime.frame import MESSAGE_SLEEP_FACTOR
     sleep_after = gather.session.settings.sleep_after
     message = sleep_after * MESSAGE_SLEEP_FACTOR

@@ -10,58 +10,21 @@ alias); a collective without one runs its ``auto``. The communicators it makes
 
 from __future__ import annotations
 
-import numpy as np
 from mpi4py import MPI
-from mpi4py.util import dtlib
 
 from . import api, kernels
 from .buffers import gpu
+from .buffers.arrays import from_spec
 from .algorithms import AUTO, COLLECTIVES, resolve
-from .session import get as session_of
+from .session import session_of
 from .transport.mpi.names import op_name
 
 __all__ = ["Comm"]
 
 
-def _as_array(spec):
-    """Return a 1-D NumPy view of an mpi4py buffer spec, or None if it is not plain."""
-    if spec is None or spec is MPI.IN_PLACE:
-        return spec
-    obj, count, displ, datatype = spec, None, 0, None
-    if isinstance(spec, (list, tuple)):
-        obj, *rest = spec
-        if rest and isinstance(rest[-1], MPI.Datatype):
-            datatype = rest.pop()
-        if rest:
-            count = rest[0]
-            if isinstance(count, (list, tuple)):
-                count, displ = count
-    if isinstance(obj, np.ndarray):
-        if not obj.flags.c_contiguous:
-            return None
-        arr = obj.reshape(-1)
-    else:
-        view = memoryview(obj)
-        if not view.c_contiguous:
-            return None
-        arr = np.frombuffer(obj, dtype=np.dtype(view.format)) if view.format != "B" \
-            else np.frombuffer(obj, np.uint8)
-    if datatype is not None:
-        if not datatype.is_predefined:
-            return None
-        dtype = dtlib.to_numpy_dtype(datatype)
-        if dtype != arr.dtype:
-            if arr.nbytes % dtype.itemsize:
-                return None
-            arr = arr.view(np.uint8).view(dtype)
-    if count is not None:
-        arr = arr[displ:displ + count]
-    return arr
-
-
 def _plain(*specs):
     try:
-        return [_as_array(s) for s in specs]
+        return [from_spec(s) for s in specs]
     except (TypeError, ValueError, KeyError):
         return None
 

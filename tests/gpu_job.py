@@ -32,7 +32,8 @@ import numpy as np
 from mpi4py import MPI
 
 import mlcomm
-from mlcomm import ALGORITHMS, COLLECTIVES, api, kernels, session
+from mlcomm import ALGORITHMS, COLLECTIVES, kernels, session
+from mlcomm.session import binder
 from mlcomm.buffers import gpu, staging
 from mlcomm.runtime.binding import DeviceMemory
 from mlcomm.cli import abort_on_error
@@ -49,16 +50,16 @@ DTYPES = {
 MPI_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32))
 
 class HostCollectives:
-    """Count the host collectives mlcomm runs (``api._run_host``): one per staged chunk."""
+    """Count the host collectives mlcomm binds (``binder._host``): one per staged chunk."""
 
     def __init__(self):
         self.calls = 0
-        self._run_host = api._run_host
-        api._run_host = self._count
+        self._host = binder._host
+        binder._host = self._count
 
     def _count(self, *args, **kwargs):
         self.calls += 1
-        return self._run_host(*args, **kwargs)
+        return self._host(*args, **kwargs)
 
 
 def chunks(n, itemsize, chunk_bytes):
@@ -182,7 +183,7 @@ def main():
                     res = mlcomm.allreduce(d_send, d_recv, op, algorithm=name, dtype=dt)
                     expect_host_calls(label, before, len(parts))
                     if name == "auto" and direct:  # auto decides a device call apart
-                        ran = session.get(comm).choices[("allreduce", p, n, dtype.str, op, True,
+                        ran = session.session_of(comm).choices[("allreduce", p, n, dtype.str, op, True,
                                                          False)]
                         same = mlcomm.allreduce(host, op=op, algorithm=ran[0], **dict(ran[1]))
                     if res is not d_recv:
@@ -201,7 +202,7 @@ def main():
                         check(label + " recvbuf=None", dev.get(res, dtype), want, dtype, same)
 
     # the path that ran: device bindings only when direct, staging buffers only when staged
-    device_bindings = sum(1 for b in session.get(comm).bindings()
+    device_bindings = sum(1 for b in session.session_of(comm).bindings()
                           if isinstance(b.loop.memory if not b.compiled else None, DeviceMemory))
     cases += 1
     if direct and (device_bindings == 0 or staging._cache):

@@ -170,7 +170,7 @@ def test_mlcomm_algorithm_is_rank_0s_when_every_rank_agrees(tmp_path):
         from mlcomm import session
         os.environ["MLCOMM_ALGORITHM"] = "naive"
         got = mlcomm.allreduce(np.arange(5.0))
-        assert session.get(MPI.COMM_WORLD).default_algorithm == "naive"
+        assert session.session_of(MPI.COMM_WORLD).default_algorithm == "naive"
         assert np.array_equal(got, np.arange(5.0) * size)
         print("ok", rank, flush=True)
     """)
@@ -341,7 +341,7 @@ def test_freed_arrays_leave_at_most_the_cache_bound(tmp_path):
         calls(library)  # the library's own buffers for large messages
         for algorithm in ("naive", "ring", "shared_memory"):  # imports, loops, the window
             mlcomm.allreduce(np.ones(1 << 14, np.float32), algorithm=algorithm)
-        window = session.get(MPI.COMM_WORLD)._window.nbytes
+        window = session.session_of(MPI.COMM_WORLD)._window.nbytes
         assert session.held()["windows"] == window > 4 << 20, session.held()
         base = rss()
         calls(library)
@@ -524,7 +524,7 @@ def test_a_started_call_that_failed_unwaited_is_reported_at_the_end(tmp_path):
     """A call started on the progress thread that fails is reported at the end of the job
     when nobody waited for it; one that was waited for raised there and is not."""
     proc, _ = _job(tmp_path, 2, """
-        session = mlcomm.session.get(MPI.COMM_WORLD)
+        session = mlcomm.session.session_of(MPI.COMM_WORLD)
         waited = session.start(lambda: {}["waited"])
         session.start(lambda: {}["never waited"])
         try:

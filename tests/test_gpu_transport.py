@@ -293,16 +293,16 @@ out = finish(mlcomm.allreduce(hs, None, "sum", algorithm="ring"))
 assert out.copy_to_host().view(ml_dtypes.bfloat16).astype(float).tolist() == [1.5, -2.0, 3.25]
 
 # staging reuses its host buffers, so a repeated call plans and binds only the first time
-from mlcomm import api
-binds, bind = [], api._bind_host
-api._bind_host = lambda *args, **kw: binds.append(args[0]) or bind(*args, **kw)
+from mlcomm.session import binder
+binds, bind = [], binder._host
+binder._host = lambda *args, **kw: binds.append(args[1].collective) or bind(*args, **kw)
 x = cuda.to_device(np.arange(5, dtype=np.float32))
 for _ in range(3):
     assert mlcomm.allreduce(x, algorithm="ring").copy_to_host().tolist() == list(range(5))
 for _ in range(3):
     assert mlcomm.allreduce(mlcomm.IN_PLACE, x, algorithm="ring") is x
 assert binds == ["allreduce", "allreduce"], binds
-api._bind_host = bind
+binder._host = bind
 
 # errors (UserBuffers checks for both paths): mixing host and device, IN_PLACE without recvbuf, an item size
 # that dtype= cannot reinterpret, different dtypes, a non-contiguous buffer

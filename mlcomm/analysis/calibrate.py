@@ -126,7 +126,7 @@ def measure_overheads(comm, alpha: float, *, calls: int = 2000) -> tuple[float, 
     """
     import time
 
-    from ..session import get as session_of
+    from ..session import session_of
     from ..kernels import kernel_for
     a, b = np.ones(1), np.ones(1)
     fn = kernel_for(a, b, "sum")

@@ -365,7 +365,7 @@ def _auto_ran(comm, count, dtype, op):
     """What ``auto`` ran at this size (:func:`mlcomm.session.auto.auto_ran`), on host or device
     buffers."""
     from ..session.auto import auto_ran
-    from ..session import get as session_of
+    from ..session import session_of
     session = session_of(comm)
     return (auto_ran(session, "allreduce", count, dtype, op)
             or auto_ran(session, "allreduce", count, dtype, op, device=True))
@@ -375,7 +375,7 @@ def left_out(algorithms, comm, device: bool) -> dict:
     """``{name: why}`` for those of ``algorithms`` that cannot run on ``comm``'s node layout
     and buffers, as their registry entries say (collective)."""
     from ..algorithms import ALGORITHMS, Layout
-    from ..session import get as session_of
+    from ..session import session_of
     layout = Layout(comm.Get_size(), session_of(comm).nodes)
     why = {name: ALGORITHMS[name].why_not(layout, device)
            for name in algorithms if name in ALGORITHMS}

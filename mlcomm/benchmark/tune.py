@@ -82,7 +82,7 @@ def tune(comm, sizes, *, rounds: int = ROUNDS, repeats: int = REPEATS, path=None
     """
     from ..model.machine import load_profile, save_profile
     from ..model.cost import auto_candidates
-    from ..session import get as session_of
+    from ..session import session_of
     from .harness import BenchConfig, run_bench
 
     # the algorithms auto weighs on this node layout: a tuned choice is always one of them

@@ -51,7 +51,7 @@ from ..kernels import BFLOAT16, DTYPES, OP_TABLE, OPS, is_supported, normalize_o
 from ..kernels.numpy_backend import bare_kernel, bare_kernel3, finalize
 from ..ir.local import run_local
 from ..session.auto import agreed_choice, auto_ran, plan_for
-from ..session import get as session_of
+from ..session import session_of
 
 __all__ = ["DTYPES", "OPS", "PASSED", "FAILED", "LIBRARY_WRONG", "Row", "Report", "sample",
            "reference", "exact", "library_error", "close", "scheduled", "verify"]

@@ -24,7 +24,7 @@ def _info(args) -> int:
     from ..kernels import backends
     from ..transport.libmpi import describe
     from ..model.machine import load_profile
-    from ..session import describe_held, get as session_of
+    from ..session import describe_held, session_of
     from ..buffers.staging import chunk_bytes
     session = session_of(MPI.COMM_WORLD)  # collective: the node layout is agreed
     if MPI.COMM_WORLD.Get_rank():

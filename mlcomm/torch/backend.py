@@ -44,7 +44,7 @@ from mpi4py import MPI
 from ..api import IN_PLACE, Persistent, allgather, allreduce, bcast, istart, reduce, \
     reduce_scatter
 from ..kernels import BFLOAT16, OP_TABLE, check_op, finalize, reduce_into
-from ..session import get as session_of
+from ..session import Call, session_of
 from ..buffers.tensors import as_array
 
 __all__ = ["ProcessGroupMlcomm", "Work", "WorkInfo", "Options", "create"]
@@ -207,8 +207,8 @@ class ProcessGroupMlcomm(dist.ProcessGroup):
         # the checksums' words: this rank's, and every rank's as one byte string to compare
         self._mine_code, self._codes = self._mine[:8].view(np.int64), {}
         self._code_rows = self._rows[:, :8]
-        self._gather = Persistent("allgather", self._mine, self._rows.reshape(-1), "sum",
-                                  self._check_comm, None, 0, None, {})
+        self._gather = Persistent(Call("allgather", self._mine, self._rows.reshape(-1),
+                                       comm=self._check_comm))
         self._p2p = comm.Dup()
         self._hooks = []
         self._seq = 0

@@ -17,7 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..api import IN_PLACE, allgather, allreduce, allreduce_init, bcast
-from ..session import get as session_of
+from ..session import session_of
 from ..transport import MESSAGES, PATHS
 from .metrics import BYTES
 

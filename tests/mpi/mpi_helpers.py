@@ -24,7 +24,7 @@ def runs_here(names, collective="allreduce", comm=COMM) -> list:
     checks the error that the others raise."""
     from mlcomm import session
     from mlcomm.algorithms import COLLECTIVES, Layout
-    layout = Layout(comm.Get_size(), session.get(comm).nodes)
+    layout = Layout(comm.Get_size(), session.session_of(comm).nodes)
     return [n for n in names
             if n in (None, "auto") or COLLECTIVES[collective][n].applies(layout)]
 

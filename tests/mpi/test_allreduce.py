@@ -49,7 +49,7 @@ def test_floats_match_mpi_and_agree_bitwise(name, dtype):
         agree(close(got, reference(COMM, x, "sum"), P, "sum"), f"{name} {dtype} count={count}")
         # exact: the bits of what ran (auto's choice too), by the local executor on every
         # rank's input; the library's own MPI_Allreduce has no schedule to run
-        ran, options = verify._ran(mlcomm.session.get(COMM), name, count, dt, "sum")
+        ran, options = verify._ran(mlcomm.session.session_of(COMM), name, count, dt, "sum")
         inputs = COMM.allgather(x)
         if mlcomm.ALGORITHMS[ran].hand_written:
             local = verify.scheduled(ran, options, inputs, "sum", RANK)
@@ -188,7 +188,7 @@ def test_plans_are_cached():
     from mlcomm import session
     x = np.ones(123)
     mlcomm.allreduce(x, algorithm="ring")
-    s = session.get(COMM)
+    s = session.session_of(COMM)
     misses = s.plan_misses
     for _ in range(5):
         mlcomm.allreduce(x, algorithm="ring")
@@ -201,7 +201,7 @@ def test_plans_of_one_layout_share_their_program_and_stay_exact():
     from mlcomm import session
     comm = COMM.Dup()
     try:
-        s = session.get(comm)
+        s = session.session_of(comm)
         x = np.arange(77) % 5 + RANK
         calls = [(np.int32, "sum"), (np.int32, "max"), (np.float32, "min"), (np.uint32, "bxor"),
                  (np.int64, "sum")]
@@ -229,13 +229,13 @@ def test_repeated_reduce_and_reduce_scatter_stay_bound():
     mlcomm.reduce_scatter(mlcomm.IN_PLACE, buf, algorithm="ring")
     agree(np.array_equal(buf[:4], (np.arange(4 * P)[RANK * 4:RANK * 4 + 4] * P
                                    + P * (P - 1) // 2)), "in-place reduce_scatter")
-    bound = {id(b) for b in session.get(COMM).bindings()}
+    bound = {id(b) for b in session.session_of(COMM).bindings()}
     for _ in range(3):
         red = mlcomm.reduce(x, result, root=0, algorithm="binary_tree")
         agree(RANK != 0 or np.array_equal(red, np.arange(4 * P) * P + P * (P - 1) // 2), "reduce")
         buf[:] = x
         mlcomm.reduce_scatter(mlcomm.IN_PLACE, buf, algorithm="ring")
-    again = {id(b) for b in session.get(COMM).bindings()}
+    again = {id(b) for b in session.session_of(COMM).bindings()}
     agree(bound <= again and len(again) == len(bound), "a repeated call rebound its plan")
 
 
@@ -255,7 +255,7 @@ def test_transfers_past_the_largest_move_in_pieces(name, monkeypatch):
         COMM.Allreduce(x, want, MPI.SUM)
         got = mlcomm.allreduce(x, comm=comm, algorithm=name)
         agree(np.array_equal(got, want), f"{name} in pieces")
-        plan = next(iter(mlcomm.session.get(comm).plans.values()))
+        plan = next(iter(mlcomm.session.session_of(comm).plans.values()))
         pieces = max((t.nbytes for t in (*plan.program.transfers, *plan.program.fetches)),
                      default=0)
         agree(pieces <= 40, f"{name}: a transfer of {pieces} bytes")
@@ -277,7 +277,7 @@ def test_transfers_past_the_largest_move_in_pieces(name, monkeypatch):
                 ok = RANK != 0 or np.array_equal(out, want)
             agree(ok, f"{name} {collective} in pieces")
     finally:
-        mlcomm.session.get(comm).free()
+        mlcomm.session.session_of(comm).free()
         comm.Free()
 
 
@@ -295,5 +295,5 @@ def test_a_library_allgather_past_a_c_int_says_what_to_use(monkeypatch):
         out = mlcomm.allgather(np.full(11, RANK, np.int32), comm=comm, algorithm="ring")
         agree(np.array_equal(out, np.repeat(np.arange(P, dtype=np.int32), 11)), "ring")
     finally:
-        mlcomm.session.get(comm).free()
+        mlcomm.session.session_of(comm).free()
         comm.Free()

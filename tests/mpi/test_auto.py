@@ -22,7 +22,7 @@ P, RANK = COMM.Get_size(), COMM.Get_rank()
 def fresh():
     """A new communicator: a session with no choices yet."""
     comm = COMM.Dup()
-    yield comm, session.get(comm)
+    yield comm, session.session_of(comm)
     comm.Free()
 
 
@@ -347,7 +347,7 @@ def test_a_first_call_is_timed_on_its_own_buffers(monkeypatch):
         want = (np.arange(count) % 11 * P + P * (P - 1) // 2).astype(np.int32)
         agree(np.array_equal(got, want), f"in place {in_place}: differs from the exact sum")
         agree(in_place or np.array_equal(x, kept), "the trial wrote the caller's input")
-        agree(len(session.get(comm).trials) == 2, "the first call timed nothing")
+        agree(len(session.session_of(comm).trials) == 2, "the first call timed nothing")
         comm.Free()
     agree(peaks[True] < peaks[False] + x.nbytes // 2,
           f"out of place {peaks[False]} bytes at the peak, in place {peaks[True]}")
@@ -374,11 +374,11 @@ def test_a_first_call_runs_on_its_trials_binding(trial, monkeypatch, count):
             got = mlcomm.allreduce(mlcomm.IN_PLACE, x, comm=c) if in_place else \
                 mlcomm.allreduce(x, comm=c)
             agree(np.array_equal(got, want), f"in place {in_place}: not the exact sum")
-            here = session.get(c)
+            here = session.session_of(c)
             name, options = auto.agreed_choice(here, "allreduce", count, x.dtype, "sum")
             plan = auto.plan_for(here, "allreduce", name, count, x.dtype, "sum", options,
                                  0 if in_place else None)
-            ran = here.bind(plan, x, got)  # the cached binding the call ran
+            ran = here.cached_binding(plan, x, got)  # the cached binding the call ran
             record = here.trials[auto._band_key(count, x.dtype, "sum")]
             agree(any(ran is b for b in made) or not record["first"],  # the probe decided
                   f"in place {in_place}: the call ran on a binding of its own: {record}")

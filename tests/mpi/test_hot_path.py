@@ -5,6 +5,7 @@ import pytest
 from mpi4py import MPI
 
 import mlcomm
+from mlcomm.session import memo
 from mlcomm import session
 from mlcomm.runtime.binding import Binding, Settings
 from mlcomm.runtime.frame import compiled_supports
@@ -37,7 +38,7 @@ def test_compiled_loop_is_bitwise_the_python_loop(dtype, op):
     ranks too, and with MPI_Allreduce (exactly, or within rounding for float sums and
     products)."""
     dt = np.dtype(dtype)
-    s = session.get(COMM)
+    s = session.session_of(COMM)
     for name in HAND_WRITTEN:
         for count in (1, P + 1, 1031):
             x = _input(dt, op, count)
@@ -98,7 +99,7 @@ def test_alternating_algorithms_on_one_buffer_stay_repeats():
             x += trial
             mlcomm.allreduce(x, y, algorithm=name)
             agree(np.array_equal(y, reference(COMM, x, "sum")), f"{name} trial {trial}")
-            bound = session.BOUND_CALLS.get(session.call_key(x, y, name))
+            bound = memo.find(x, y, name)
             agree(bound is not None and bound.recv_ref() is y and bound.algorithm == name, name)
             if trial:  # the first call's bound call ran this one: no re-planning in between
                 agree(bound is seen[name], f"{name} was planned again in trial {trial}")
@@ -107,7 +108,7 @@ def test_alternating_algorithms_on_one_buffer_stay_repeats():
 
 def test_the_last_call_repeats_without_a_lookup_and_is_forgotten_with_its_communicator():
     """A repeat of the call that ran last runs its bound call straight from
-    ``LAST_CALL``; another call misses it and is looked up; freeing the communicator
+    ``memo.LAST``; another call misses it and is looked up; freeing the communicator
     forgets it, so it keeps nothing of the communicator alive."""
     sub = COMM.Dup()
     x, y = np.arange(5, dtype=np.int64) + RANK, np.empty(5, np.int64)
@@ -115,15 +116,15 @@ def test_the_last_call_repeats_without_a_lookup_and_is_forgotten_with_its_commun
     for trial in range(3):
         mlcomm.allreduce(x, y, algorithm="ring", comm=sub)
         mlcomm.allreduce(x, z, op="max", algorithm="ring", comm=sub)
-    bound = session.BOUND_CALLS[session.call_key(x, z, "ring")]
-    agree(session.LAST_CALL[0] is bound.repeat, "the last call is not the one kept")
+    bound = memo.find(x, z, "ring")
+    agree(memo.LAST[0] is bound.repeat, "the last call is not the one kept")
     calls = []
     real = bound.repeat
 
     def counted(*args):
         calls.append(args[0])
         return real(*args)
-    session.LAST_CALL[0] = counted  # a repeat of the max now runs through it, once per call
+    memo.LAST[0] = counted  # a repeat of the max now runs through it, once per call
     x += 1
     got = mlcomm.allreduce(x, z, op="max", algorithm="ring", comm=sub)
     agree(got is z and np.array_equal(z, reference(COMM, x, "max")) and calls == ["allreduce"],
@@ -131,9 +132,9 @@ def test_the_last_call_repeats_without_a_lookup_and_is_forgotten_with_its_commun
     got = mlcomm.allreduce(x, y, algorithm="ring", comm=sub)  # misses it: looked up
     agree(got is y and np.array_equal(y, reference(COMM, x, "sum")) and len(calls) == 2,
           "another call was not looked up")
-    agree(session.LAST_CALL[0] is session.BOUND_CALLS[session.call_key(x, y, "ring")].repeat)
+    agree(memo.LAST[0] is memo.find(x, y, "ring").repeat)
     sub.Free()
-    agree(session.LAST_CALL[0] is session._no_call, "a freed communicator's call is kept")
+    agree(memo.LAST[0] is memo.no_call, "a freed communicator's call is kept")
 
 
 def test_a_call_with_options_repeats_until_its_options_change():
@@ -143,7 +144,7 @@ def test_a_call_with_options_repeats_until_its_options_change():
         x += 1
         mlcomm.allreduce(x, y, algorithm="ring", segment_bytes=segment)
         agree(np.array_equal(y, reference(COMM, x, "sum")), f"segment_bytes={segment}")
-        bound.append(session.BOUND_CALLS.get(session.call_key(x, y, "ring")))
+        bound.append(memo.find(x, y, "ring"))
         agree(bound[-1] is not None and bound[-1].options == {"segment_bytes": segment})
     agree(bound[0] is bound[1] and bound[2] is bound[3] and bound[1] is not bound[2],
           "equal options repeat through one bound call; new options plan again")
@@ -167,22 +168,26 @@ def test_recvbuf_none_returns_a_new_array_every_call():
 
 @pytest.mark.parametrize("name", runs_here(["ring", "shared_memory", "mpi", None]))
 def test_a_small_allreduce_into_a_new_array_repeats_bound(name):
-    """A small all-reduce with no output array, called again on the same input, runs bound
-    to an output of its own from then on: no planning or binding, a new array each call
-    with this call's data, the earlier results untouched, and the bits of the call with an
-    output array. A new input each call binds nothing more."""
-    s = session.get(COMM)
+    """A small all-reduce with no output array, called again on the same input, finds its
+    bound call in the memo, which binds it to an output of its own; from then on no
+    planning or binding, a new array each call with this call's data, the earlier results
+    untouched, and the bits of the call with an output array. A new input each call binds
+    no output of its own."""
+    s = session.session_of(COMM)
     for _ in range(3):
         fleeting = np.ones(3, np.float32)
         mlcomm.allreduce(fleeting, algorithm=name)
-        kept = session.BOUND_CALLS.get(session.call_key(fleeting, None, name))
-        agree(kept is None or kept.send_ref() is not fleeting,  # (an old entry at its id)
-              f"{name}: bound a call on an input seen once")
+        kept = memo.find(fleeting, None, name)
+        agree(kept is None or kept.fresh is None,
+              f"{name}: bound an output of its own for an input seen once")
     x = (np.arange(2 * 3, dtype=np.float32) * (RANK + 1) / 7).reshape(2, 3)
     mlcomm.allreduce(x, algorithm=name)
+    first = memo.find(x, None, name)
+    agree(first is not None and first.fresh is None, f"{name}: the first call is not kept")
     mlcomm.allreduce(x, algorithm=name)
-    bound = session.BOUND_CALLS.get(session.call_key(x, None, name))
-    agree(bound is not None, f"{name}: no bound call kept")
+    bound = memo.find(x, None, name)
+    agree(bound is not first and bound.fresh is not None,
+          f"{name}: the second call did not bind an output of its own")
     misses, results = s.plan_misses, []
     for trial in range(3):
         x += trial
@@ -191,16 +196,16 @@ def test_a_small_allreduce_into_a_new_array_repeats_bound(name):
         mlcomm.allreduce(x, out, algorithm=name)
         agree(results[-1].shape == x.shape and results[-1].tobytes() == out.tobytes(),
               f"{name} trial {trial}: {results[-1]} against {out}")
-        agree(session.BOUND_CALLS.get(session.call_key(x, None, name)) is bound,
+        agree(memo.find(x, None, name) is bound,
               f"{name} trial {trial}: planned again")
     agree(s.plan_misses == misses, f"{name}: {s.plan_misses - misses} plans built on repeats")
     agree(len({id(r) for r in results}) == 3 and not any(
         np.shares_memory(a, b) for a in results for b in results if a is not b))
     agree(not np.array_equal(results[0], results[2]), "an earlier result changed with a repeat")
-    big = np.ones(mlcomm.api.FRESH_BYTES // 4 + 1, np.float32)
+    big = np.ones(mlcomm.session.bound.FRESH_BYTES // 4 + 1, np.float32)
     for _ in range(2):  # above FRESH_BYTES: nothing kept for it
         mlcomm.allreduce(big, algorithm=name)
-    kept = session.BOUND_CALLS.get(session.call_key(big, None, name))
+    kept = memo.find(big, None, name)
     agree(kept is None or kept.send_ref() is not big, "kept a large one")
 
 
@@ -272,7 +277,7 @@ def test_segmented_steps_overlap_and_stay_exact(name, option):
     mlcomm.allreduce(mlcomm.IN_PLACE, z, algorithm=name, **{option: 512})
     agree(np.array_equal(z, want), f"{name} in place")
     if P > 1 and name == "ring":  # transfers start while the previous segment is reduced
-        plan = session.get(COMM).plan("allreduce", name, count, x.dtype, "sum",
+        plan = session.session_of(COMM).plan("allreduce", name, count, x.dtype, "sum",
                                       {option: 512})
         agree(plan.program.early_starts() > 0, f"{name}: no step starts early")
 
@@ -280,7 +285,7 @@ def test_segmented_steps_overlap_and_stay_exact(name, option):
 def test_buffers_of_one_shape_keep_their_bindings_and_share_scratch():
     """Calls alternating between equal-shaped buffers (gradient buckets) stay bound: each
     buffer pair keeps its binding, and the bindings of one plan share one scratch."""
-    s = session.get(COMM)
+    s = session.session_of(COMM)
     n = 6
     xs = [np.arange(50, dtype=np.int64) * (RANK + 1) + k for k in range(n)]
     ys = [np.empty(50, np.int64) for _ in range(n)]

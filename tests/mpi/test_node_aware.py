@@ -10,13 +10,14 @@ import pytest
 
 import mlcomm
 from mlcomm import session
+from mlcomm.session import cache
 from mlcomm.benchmark.verify import close, reference, sample
 
 from mpi_helpers import COMM, agree
 
 pytestmark = pytest.mark.mpi
 P, RANK = COMM.Get_size(), COMM.Get_rank()
-NODES = session.get(COMM).nodes
+NODES = session.session_of(COMM).nodes
 ONE_NODE = len(NODES) == 1
 # hierarchical: single copies from 64 KiB where the node allows them, from 8 B, never
 CASES = [("hierarchical", {}), ("hierarchical", {"intra": "direct"}),
@@ -65,7 +66,7 @@ def test_single_copy_reads_where_the_node_allows_them(name):
     if name == "shared_memory" and not ONE_NODE:
         pytest.skip("shared_memory needs one node")
     from mlcomm.session.auto import plan_for
-    s = session.get(COMM)
+    s = session.session_of(COMM)
     f32 = np.dtype(np.float32)
     inter = {"inter": "ring"} if name == "hierarchical" else {}
     plan = plan_for(s, "allreduce", name, 1 << 20, f32, "sum", inter)
@@ -90,7 +91,7 @@ def test_a_node_without_single_copies_beside_nodes_with_them(monkeypatch):
         monkeypatch.setenv("MLCOMM_SINGLE_COPY", "0")
     comm = COMM.Dup()
     try:
-        s = session.get(comm)
+        s = session.session_of(comm)
         window = s.window()
         agree(not window.single_copy if RANK in NODES[0] else True, "node 0 reads its peers")
         modes = comm.allgather(window.single_copy and len(s.node) > 1)
@@ -213,7 +214,7 @@ def test_chunked_calls_take_the_slots_areas_in_turn(name):
     from mlcomm.transport.window import MIN_ROTATIONS, ROTATIONS
     rng = random.Random(RANK)
     kw = {"algorithm": name, "single_copy_bytes": 1 << 62}
-    window = session.get(COMM).window()
+    window = session.session_of(COMM).window()
     start, rotating, wrong = window.rotation, 0, []
     held = np.zeros(9000, np.int64)
     handle = mlcomm.allreduce_init(mlcomm.IN_PLACE, held, **kw)
@@ -253,9 +254,9 @@ def test_chunked_calls_take_the_slots_areas_in_turn(name):
         fit = min(ROTATIONS, window.slot_bytes // area)
         agree(len(binding.frames) == (fit if fit >= MIN_ROTATIONS else 1),
               f"{count}: {len(binding.frames)} frames, {fit} areas fit")
-        agree(held <= session.own_bytes(binding) + binding.nbytes,
+        agree(held <= cache.own_bytes(binding) + binding.nbytes,
               f"{count}: a binding holds {held:.0f} B, the cache counts "
-              f"{session.own_bytes(binding) + binding.nbytes}")
+              f"{cache.own_bytes(binding) + binding.nbytes}")
 
 
 @contextlib.contextmanager
@@ -283,7 +284,7 @@ def test_a_rotating_binding_allocates_its_areas_of_this_ranks_slot():
     import ctypes
     import mmap
     with _rotating_handle() as (comm, handle, y):
-        window = session.get(comm).window()
+        window = session.session_of(comm).window()
         areas = handle.binding.rotations
         mine = window.slots[window.node.Get_rank()]
         page = mmap.PAGESIZE
@@ -329,7 +330,7 @@ def test_the_windows_other_collectives_take_the_slots_areas_in_turn(collective):
     import time
     from mlcomm.transport.window import ROTATIONS
     rng = random.Random(RANK)
-    window = session.get(COMM).window()
+    window = session.session_of(COMM).window()
     start, wrong = window.rotation, []
     calls = 2 * ROTATIONS + 3
     for it in range(calls):

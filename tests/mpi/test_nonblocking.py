@@ -35,7 +35,7 @@ def test_a_collective_of_the_callers_thread_waits_for_the_started_calls(validate
     the progress thread are; two threads' collectives on one communicator can meet in a
     different order on each rank (an iallreduce under auto at a new size hung so on nodes
     of 3, 3 and 1). Each waits until the started calls are complete."""
-    s = session.get(COMM)
+    s = session.session_of(COMM)
     done = []
 
     def slow():
@@ -154,7 +154,7 @@ def test_the_transport_counts_the_bytes_it_sends(name):
     from mlcomm import session
     from mlcomm.algorithms import ALGORITHMS
     from mlcomm.ir.schedule import Send
-    s = session.get(COMM)
+    s = session.session_of(COMM)
     x = np.ones(1001)
     before = s.bytes_sent()
     for _ in range(3):

@@ -127,7 +127,7 @@ def free(comm):
 
 
 def bands(comm):
-    return {k for k in session.get(comm).choices if k[0] == "band"}
+    return {k for k in session.session_of(comm).choices if k[0] == "band"}
 
 
 class Failures(list):
@@ -338,7 +338,7 @@ def test_comm_every_dtype_and_mpi_op_in_and_out_of_place(collective):
 
 
 def _plans(comm):
-    return set(session.get(comm).plans)
+    return set(session.session_of(comm).plans)
 
 
 @pytest.mark.parametrize("collective", COLLECTIVES)
@@ -354,13 +354,13 @@ def test_comm_collectives_run_the_algorithm_they_are_given(collective, monkeypat
     dt = np.dtype(np.int32)
     for k, name in enumerate([*names, lacking]):
         comm = mlcomm.Comm(fresh, algorithm=name)
-        before, choices = _plans(comm), dict(session.get(comm).choices)
+        before, choices = _plans(comm), dict(session.session_of(comm).choices)
         count = 64 + 8 * k  # a count of its own: its plan is new
         got, want = _call_comm(comm, collective, dt, "sum", count, False)
         agree(got is None and want is None or same(got, want), f"{name}: {got} != {want}")
         ran = {key[1] for key in _plans(comm) - before if key[0] == collective}
         if name == lacking:  # auto chose for this call, and its choice ran
-            picked = {v[0] for key, v in session.get(comm).choices.items() if key not in choices
+            picked = {v[0] for key, v in session.session_of(comm).choices.items() if key not in choices
                       and key[:3] == (collective, P, count) and not key[-1]}
             agree(len(picked) == 1 and ran == picked - {"mpi"},
                   f"{name}: auto picked {picked}, ran {ran}")
@@ -575,7 +575,7 @@ def test_mlcomm_algorithm_names_the_default_of_the_collectives_that_have_it(monk
     mlcomm.Comm(comm, algorithm="ring") does)."""
     monkeypatch.setenv("MLCOMM_ALGORITHM", "ring")
     comm = COMM.Dup()  # a new session reads it
-    s = session.get(comm)
+    s = session.session_of(comm)
     x = np.arange(4 * P, dtype=np.int32) + RANK
     want = np.arange(4 * P, dtype=np.int32) * P + P * (P - 1) // 2
     agree(same(mlcomm.allreduce(x, comm=comm), want), "allreduce")

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import mlcomm
+from mlcomm.session import memo
 
 from mpi_helpers import COMM, agree
 
@@ -78,7 +79,7 @@ def test_repeated_tensor_calls_take_their_bound_call_and_see_storage_changes():
     from mlcomm import session
     x, y = torch.full((6,), float(RANK)), torch.empty(6)
     mlcomm.allreduce(x, y, algorithm="ring")
-    bound = session.BOUND_CALLS.get(session.call_key(x, y, "ring"))
+    bound = memo.find(x, y, "ring")
     agree(bound is not None, "a repeated tensor call has no bound call")
     for trial in range(3):
         x.fill_(RANK + trial)
