@@ -1,16 +1,16 @@
-"""The MPI library's own collectives as baseline entries, and ``auto``."""
+"""The MPI library's own collectives as baseline entries (``mpi``)."""
 
 from ..ir.schedule import INPUT, OUTPUT, Collective, Region, Schedule, Step
 from ._registry import COLLECTIVES, register
 from .recursive_doubling import cost as _rd_cost
 from .recursive_halving_doubling import cost as _rhd_cost
 
-__all__ = ["MPI_NATIVE", "AUTO", "native_schedule"]
+__all__ = ["MPI_NATIVE", "native_cost", "native_schedule"]
 
-MPI_NATIVE, AUTO = "mpi", "auto"
+MPI_NATIVE = "mpi"
 
 
-def _native_cost(p, nbytes, alpha, beta, gamma, **_):
+def native_cost(p, nbytes, alpha, beta, gamma, **_):
     """MPICH and Open MPI pick recursive doubling or Rabenseifner by size: model the better."""
     return min(_rd_cost(p, nbytes, alpha, beta, gamma), _rhd_cost(p, nbytes, alpha, beta, gamma))
 
@@ -22,13 +22,11 @@ def _native_builder(collective):
 
 
 for _collective in COLLECTIVES:
-    register(MPI_NATIVE, _collective, _native_builder(_collective), _native_cost,
+    register(MPI_NATIVE, _collective, _native_builder(_collective), native_cost,
              options={"blocking": False}, aliases=("native",), library=True,
              doc="The MPI library's own collective (MPI_Allreduce and friends): "
                  "non-blocking, polled as mlcomm's own calls are, or with blocking=True "
                  "the blocking call.")
-register(AUTO, "allreduce", None, _native_cost,
-         doc="Pick the algorithm with the least predicted time for this size and rank count.")
 
 
 def native_schedule(collective: str, rank: int, size: int, count: int, itemsize: int = 8,

@@ -89,7 +89,7 @@ def _address(a) -> int:
     return a.__array_interface__["data"][0]
 
 
-def _alias(address: int, nbytes: int, dtype) -> np.ndarray:
+def _array_at(address: int, nbytes: int, dtype) -> np.ndarray:
     """A NumPy array over memory it does not own (and keeps nothing alive)."""
     if not nbytes:
         return np.empty(0, dtype)
@@ -171,8 +171,8 @@ class Binding:
                 else:
                     frame, run = self._compiled(inp, out, scratch, areas, area_bytes)
                 if run is None:
-                    views = [_alias(_address(a), a.nbytes, a.dtype) for a in (inp, out, scratch)]
-                    views += [_alias(a, area_bytes, plan.dtype) for a in areas]
+                    views = [_array_at(_address(a), a.nbytes, a.dtype) for a in (inp, out, scratch)]
+                    views += [_array_at(a, area_bytes, plan.dtype) for a in areas]
                     run = PythonLoop(program, HostMemory(views, plan.dtype, plan.op),
                                      self.transports, settings)
                 self.frames.append(frame)

@@ -9,7 +9,7 @@ different counts.
 
 from __future__ import annotations
 
-__all__ = ["differing_calls", "compare_calls"]
+__all__ = ["differing_calls", "compare_calls", "raise_differences"]
 
 
 def differing_calls(signatures, fields) -> str | None:
@@ -35,12 +35,28 @@ def compare_calls(session, fields, signature, error=None, what="validate=True's 
     session.wait_started()
     session.watch.barrier(session.comm, what)
     everyone = session.comm.allgather((signature, None if error is None else str(error)))
-    failed = {r: e for r, (_, e) in enumerate(everyone) if e is not None}
-    if failed:
-        if error is not None:
-            raise error
-        raise ValueError("mlcomm: the call failed on ranks " + ", ".join(
-            f"{r} ({e})" for r, e in sorted(failed.items())))
-    differ = differing_calls([s for s, _ in everyone], fields)
-    if differ:
-        raise ValueError(differ)
+    raise_differences(everyone, error, fields)
+
+
+def raise_differences(everyone, error, fields=None, what="mlcomm", failed=ValueError,
+                      hint="") -> None:
+    """Raise what the ranks' calls got wrong, the same on every rank: ``everyone`` holds
+    each rank's ``(signature, its error in words or None)``, ``error`` this rank's own
+    error, which it raises. Elsewhere a ``failed`` error names the ranks that failed; else
+    a ValueError says how the signatures differ: by field of ``fields`` against rank 0's,
+    or (``fields`` None: each signature is one description) every rank's in full, and
+    ``hint``."""
+    if error is not None:
+        raise error
+    failures = {r: e for r, (_, e) in enumerate(everyone) if e is not None}
+    if failures:
+        raise failed(f"{what}: the call failed on ranks " + ", ".join(
+            f"{r} ({e})" for r, e in sorted(failures.items())))
+    signatures = [s for s, _ in everyone]
+    if fields is not None:
+        differ = differing_calls(signatures, fields)
+        if differ:
+            raise ValueError(differ)
+    elif any(s != signatures[0] for s in signatures):
+        raise ValueError(f"{what}: the ranks' calls differ (" + "; ".join(
+            f"rank {r}: {s}" for r, s in enumerate(signatures)) + f"){hint}")

@@ -45,6 +45,7 @@ from ..api import IN_PLACE, Persistent, allgather, allreduce, bcast, istart, red
     reduce_scatter
 from ..kernels import BFLOAT16, OP_TABLE, check_op, finalize, reduce_into
 from ..session import Call, session_of
+from ..session.compare import raise_differences
 from ..buffers.tensors import as_array
 
 __all__ = ["ProcessGroupMlcomm", "Work", "WorkInfo", "Options", "create"]
@@ -511,16 +512,10 @@ class ProcessGroupMlcomm(dist.ProcessGroup):
         problem where it met one): the comparison's checksums differed (collective)."""
         everyone = self._check_comm.allgather(
             (described, None if problem is None else f"{type(problem).__name__}: {problem}"))
-        if problem is not None:
-            raise problem
-        failed = {r: e for r, (_, e) in enumerate(everyone) if e is not None}
-        if failed:
-            raise RuntimeError(f"{what} failed on ranks " + "; ".join(
-                f"{r}: {e}" for r, e in sorted(failed.items())))
-        raise ValueError(f"{what}: the ranks' calls differ (" + "; ".join(
-            f"rank {r}: {d}" for r, (d, _) in enumerate(everyone)) +
-            "); call the same collectives in the same order on every rank, with "
-            "tensors of the same shapes and dtypes and the same op and root")
+        raise_differences(everyone, problem, what=what, failed=RuntimeError,
+                          hint="; call the same collectives in the same order on every "
+                               "rank, with tensors of the same shapes and dtypes and the "
+                               "same op and root")
 
     def _go(self, op_type, described, problem, calls, outputs, async_op, after=None,
             **options):
