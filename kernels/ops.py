@@ -1,10 +1,11 @@
 """Reduction ops: one table holding everything mlcomm knows about each op, and the dtypes.
 
 :data:`OP_TABLE` maps each canonical op name to an :class:`Op` record: its stable integer
-code, what it reduces as, its NumPy ufunc, the name of the matching MPI op constant, the
-dtype kinds it accepts and the hints given when a dtype does not fit, the views its kernels
-run on, and the op on one element (:attr:`Op.element`, plain Python that Numba compiles for
-the CPU and CUDA kernels; :attr:`Op.c_expr`, the same in C for CuPy). Every backend, and
+code, what it reduces as, its NumPy ufunc, the names of the matching MPI op constant and
+``torch.distributed.ReduceOp`` member, the dtype kinds it accepts and the hints given when a
+dtype does not fit, the views its kernels run on, and the op on one element
+(:attr:`Op.element`, plain Python that Numba compiles for the CPU and CUDA kernels;
+:attr:`Op.c_expr`, the same in C for CuPy). Every backend, and
 every other part of mlcomm, reads its per-op facts here.
 
 min and max follow IEEE 754-2019 ``minimum``/``maximum`` in every backend and so in every
@@ -104,6 +105,9 @@ class Op:
     ufunc: np.ufunc
     #: name of the MPI op constant with the same meaning ("SUM", ...; avg reduces as "SUM")
     mpi: str
+    #: name of the ``torch.distributed.ReduceOp`` member with the same meaning ("SUM",
+    #: "PRODUCT", ...; "" where torch has none)
+    torch: str
     #: dtype kinds accepted: "i" signed, "u" unsigned, "f" floating, "c" complex, "b" bool
     kinds: str
     #: what the op needs, for error messages ("a numeric ... dtype")
@@ -145,40 +149,41 @@ _MAX_C = ("(({a} != {a} || {a} > {b}) ? {a} : ({a} == ({T})0 && {b} == ({T})0) ?
 _MIN_C = ("(({a} != {a} || {a} < {b}) ? {a} : ({a} == ({T})0 && {b} == ({T})0) ? "
           "({T})(-(-{a} - {b})) : {b})")
 
-# name, code, reduces as, ufunc, MPI, kinds, needs, instead, aliases, signless,
+# name, code, reduces as, ufunc, MPI, torch, kinds, needs, instead, aliases, signless,
 # componentwise, picks, element, C
 _ROWS = (
-    ("sum", 0, "sum", np.add, "SUM", "iufc", _NUMERIC,
+    ("sum", 0, "sum", np.add, "SUM", "SUM", "iufc", _NUMERIC,
      (("b", "use lor (or bor) for a logical OR over ranks, or convert to an integer dtype "
             "to count"),),
      ("add", "+"), True, True, False, _sum, "{a} + {b}"),
-    ("prod", 1, "prod", np.multiply, "PROD", "iufc", _NUMERIC,
+    ("prod", 1, "prod", np.multiply, "PROD", "PRODUCT", "iufc", _NUMERIC,
      (("b", "use land (or band) for a logical AND over ranks"),),
      ("mul", "product", "*"), True, False, False, _prod, "{a} * {b}"),
-    ("min", 2, "min", np.minimum, "MIN", "iuf", _ORDERED,
+    ("min", 2, "min", np.minimum, "MIN", "MIN", "iuf", _ORDERED,
      (("c", _UNORDERED), ("b", "use land (the minimum of booleans)")),
      ("minimum",), False, False, True, minimum, _MIN_C),
-    ("max", 3, "max", np.maximum, "MAX", "iuf", _ORDERED,
+    ("max", 3, "max", np.maximum, "MAX", "MAX", "iuf", _ORDERED,
      (("c", _UNORDERED), ("b", "use lor (the maximum of booleans)")),
      ("maximum",), False, False, True, maximum, _MAX_C),
-    ("avg", 9, "sum", np.add, "SUM", "fc", "a floating or complex dtype",
+    ("avg", 9, "sum", np.add, "SUM", "AVG", "fc", "a floating or complex dtype",
      (("i", _TO_FLOAT), ("u", _TO_FLOAT),
       ("b", "use sum on an integer copy, or convert to a floating dtype first")),
      ("mean", "average"), True, True, False, _sum, "{a} + {b}"),
-    ("band", 4, "band", np.bitwise_and, "BAND", "iub", _BITS,
+    ("band", 4, "band", np.bitwise_and, "BAND", "BAND", "iub", _BITS,
      (("f", _RAW_BITS), ("c", _RAW_BITS)),
      ("bitwise_and",), True, False, False, _band, "{a} & {b}"),
-    ("bor", 5, "bor", np.bitwise_or, "BOR", "iub", _BITS,
+    ("bor", 5, "bor", np.bitwise_or, "BOR", "BOR", "iub", _BITS,
      (("f", _RAW_BITS), ("c", _RAW_BITS)),
      ("bitwise_or",), True, False, False, _bor, "{a} | {b}"),
-    ("bxor", 6, "bxor", np.bitwise_xor, "BXOR", "iub", _BITS,
+    ("bxor", 6, "bxor", np.bitwise_xor, "BXOR", "BXOR", "iub", _BITS,
      (("f", _RAW_BITS), ("c", _RAW_BITS)),
      ("bitwise_xor",), True, False, False, _bxor, "{a} ^ {b}"),
-    ("land", 7, "land", np.logical_and, "LAND", "iub", _BITS + " (MPI logical ops give 1/0)",
+    ("land", 7, "land", np.logical_and, "LAND", "", "iub",
+     _BITS + " (MPI logical ops give 1/0)",
      (("f", _NONZERO), ("c", _NONZERO)),
      ("logical_and",), True, False, False, _land,
      "({a} != ({T})0 && {b} != ({T})0) ? ({T})1 : ({T})0"),
-    ("lor", 8, "lor", np.logical_or, "LOR", "iub", _BITS + " (MPI logical ops give 1/0)",
+    ("lor", 8, "lor", np.logical_or, "LOR", "", "iub", _BITS + " (MPI logical ops give 1/0)",
      (("f", _NONZERO), ("c", _NONZERO)),
      ("logical_or",), True, False, False, _lor,
      "({a} != ({T})0 || {b} != ({T})0) ? ({T})1 : ({T})0"),
@@ -188,9 +193,9 @@ _CODE = {row[0]: row[1] for row in _ROWS}
 #: Every reduction op by canonical name, in :data:`OPS` order.
 OP_TABLE = types.MappingProxyType({
     row[0]: Op(name=row[0], code=row[1], reduces_as=row[2], reduce_code=_CODE[row[2]],
-               divides=row[0] == "avg", ufunc=row[3], mpi=row[4], kinds=row[5], needs=row[6],
-               instead=row[7], aliases=row[8], signless=row[9], componentwise=row[10],
-               picks=row[11], element=row[12], c_expr=row[13])
+               divides=row[0] == "avg", ufunc=row[3], mpi=row[4], torch=row[5], kinds=row[6],
+               needs=row[7], instead=row[8], aliases=row[9], signless=row[10],
+               componentwise=row[11], picks=row[12], element=row[13], c_expr=row[14])
     for row in _ROWS})
 
 #: The ops indexed by :attr:`Op.code`.

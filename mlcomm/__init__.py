@@ -1,9 +1,15 @@
 """mlcomm: hand-written MPI all-reduce algorithms as verified schedules."""
 
-from .algorithms import ALGORITHMS, COLLECTIVES
-from .api import (IN_PLACE, Persistent, Request, allgather, allreduce, allreduce_init, bcast,
-                  iallreduce, reduce, reduce_scatter)
-from .comm import Comm
+from .transport import startup as _startup
+
+_startup.prepare()  # before the first import of mpi4py.MPI, which initializes MPI
+
+from .algorithms import ALGORITHMS, COLLECTIVES  # noqa: E402
+from .api import (IN_PLACE, Persistent, Request, allgather, allreduce, allreduce_init,  # noqa: E402
+                  bcast, iallreduce, reduce, reduce_scatter)
+from .comm import Comm  # noqa: E402
+
+_startup.restore()
 
 __all__ = ["ALGORITHMS", "COLLECTIVES", "IN_PLACE", "Comm", "Persistent", "Request",
            "allreduce", "iallreduce", "allreduce_init", "reduce_scatter", "allgather", "bcast",

@@ -477,6 +477,9 @@ def test_op_table_records():
     assert {name: op.mpi for name, op in K.OP_TABLE.items()} == {
         "sum": "SUM", "prod": "PROD", "min": "MIN", "max": "MAX", "avg": "SUM", "band": "BAND",
         "bor": "BOR", "bxor": "BXOR", "land": "LAND", "lor": "LOR"}
+    assert {name: op.torch for name, op in K.OP_TABLE.items()} == {
+        "sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG", "band": "BAND",
+        "bor": "BOR", "bxor": "BXOR", "land": "", "lor": ""}
     for op in K.OP_TABLE.values():
         assert op.reduces_as == ("sum" if op.name == "avg" else op.name)
         assert op.reduce_code == K.OP_TABLE[op.reduces_as].code

@@ -89,3 +89,60 @@ def test_the_callers_world_duplicates_meet_no_open_duplicate_of_mlcomms(site, tm
     script.write_text(WORLD_DUPLICATES)
     proc = mpirun(3, [script], python=python, cwd=tmp_path, timeout=120)
     assert proc.stdout.count("ok") == 3, proc.stdout + proc.stderr
+
+
+NODE_WINDOW = """
+import os
+import numpy as np
+import mlcomm
+from mpi4py import MPI
+x = np.full(8, MPI.COMM_WORLD.Get_rank() + 1.0)
+assert (mlcomm.allreduce(x, algorithm="shared_memory") == 3).all()
+print("ok", MPI.get_vendor()[0], os.environ.get("OMPI_MCA_osc"), flush=True)
+"""
+
+
+def test_the_node_window_prints_no_osc_ucx_error(site, tmp_path):
+    """mlcomm's node window (``shared_memory``) at 2 ranks prints no line of Open MPI's
+    ``osc/ucx`` on a machine without an RDMA device, where that component's query fails
+    (``osc_ucx_component.c:375 Error: ...``; it printed on every rank before mlcomm set
+    ``OMPI_MCA_osc=^ucx``), and mlcomm takes the variable back after ``MPI_Init``. Intel
+    MPI runs the same job alike."""
+    import os
+    from mlcomm.transport import startup
+    name, python = site
+    script = tmp_path / "window.py"
+    script.write_text(NODE_WINDOW)
+    proc = mpirun(2, [script], python=python, cwd=tmp_path, timeout=120)
+    unchanged = str(os.environ.get("OMPI_MCA_osc"))  # the variable as the user left it
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("ok ")]
+    assert len(lines) == 2 and all(line.endswith(f" {unchanged}") for line in lines), \
+        proc.stdout + proc.stderr
+    if name == "openmpi" and startup.needed():
+        assert "osc_ucx" not in proc.stdout + proc.stderr, proc.stderr
+
+
+def test_prepare_sets_the_variable_only_where_osc_ucx_cannot_run(tmp_path, monkeypatch):
+    """``OMPI_MCA_osc=^ucx`` is set with no RDMA device, MPI not initialized and no
+    ``OMPI_MCA_osc`` or UCX MCA variable of the user's; restore() takes back only its own,
+    once MPI is initialized."""
+    from mlcomm.transport import startup
+    none, rdma = str(tmp_path / "absent"), tmp_path / "infiniband"
+    rdma.mkdir()
+    assert startup.needed({}, none) and startup.needed({}, str(rdma))  # absent, or empty
+    (rdma / "mlx5_0").mkdir()
+    assert not startup.needed({}, str(rdma))
+    for user in ({"OMPI_MCA_osc": "sm"}, {"OMPI_MCA_opal_common_ucx_tls": "any"}):
+        assert not startup.needed(user, none)
+    initialized = [False]
+    monkeypatch.setattr(startup, "_initialized", lambda: initialized[0])
+    env = {"OMPI_MCA_osc": "sm"}
+    assert not startup.prepare(env, none) and env == {"OMPI_MCA_osc": "sm"}
+    env = {}
+    assert startup.prepare(env, none) and env == {"OMPI_MCA_osc": "^ucx"}
+    startup.restore()  # before MPI_Init the variable stays
+    assert env == {"OMPI_MCA_osc": "^ucx"}
+    initialized[0] = True
+    startup.restore()
+    assert env == {}
+    assert not startup.prepare(env, none) and env == {}  # MPI initialized: too late

@@ -63,6 +63,16 @@ def test_backend_without_mpiexec(tmp_path):
         assert "launch the job with mpiexec or srun" in err, err
 
 
+def test_the_op_table_names_every_torch_reduce_op_but_premul_sum():
+    """Every ``ReduceOp`` the backend maps is a torch member; torch has no other but
+    PREMUL_SUM (older torch also has an UNUSED placeholder)."""
+    import torch.distributed as dist
+    from mlcomm.kernels import OP_TABLE
+    named = {op.torch for op in OP_TABLE.values() if op.torch}
+    members = set(dist.ReduceOp.RedOpType.__members__)
+    assert named <= members and members - named - {"UNUSED"} == {"PREMUL_SUM"}
+
+
 def test_importing_mlcomm_does_not_import_torch():
     code = "import sys, mlcomm, mlcomm.api; assert 'torch' not in sys.modules, 'torch'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=ROOT)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import rss as _rss
+from ..kernels import OP_TABLE
 from ..units import format_size
 
 __all__ = [
@@ -39,8 +40,6 @@ RECORD_KEYS = ("algorithm", "ranks", "bytes", "count", "dtype", "op", "in_place"
 EXTRA_KEYS = ("iters", "rounds", "device", "peak_rss_mib", "baseline", "options", "ran")
 
 BASELINE = "mpi"
-_MPI_OPS = {"sum": "SUM", "prod": "PROD", "min": "MIN", "max": "MAX", "avg": "SUM",
-            "band": "BAND", "bor": "BOR", "bxor": "BXOR", "land": "LAND", "lor": "LOR"}
 _RTOL = {2: 2e-2, 4: 1e-5, 8: 1e-12}   # float tolerance by itemsize
 def size_list(min_bytes: int, max_bytes: int, factor: float, itemsize: int) -> list[int]:
     """Return the swept message sizes in bytes, whole elements, no repeats."""
@@ -273,7 +272,7 @@ def _mpi_plan(dtype, op):
     :func:`baseline_label` says so in words.
     """
     from mpi4py import MPI
-    mop = getattr(MPI, _MPI_OPS[op])
+    mop = getattr(MPI, OP_TABLE[op].mpi)
     native = dtype.kind in "iub" or (dtype.kind in "fc" and dtype.itemsize >= 4
                                      and op not in ("band", "bor", "bxor"))
     if native:
@@ -285,14 +284,14 @@ def baseline_label(dtype, op) -> str:
     """What the ``mpi`` baseline times for ``dtype`` and ``op``, in words."""
     dtype = np.dtype(dtype)
     mdtype, _, exact = _mpi_plan(dtype, op)
-    call = f"MPI_Allreduce({mdtype}, MPI_{_MPI_OPS[op]})"
+    call = f"MPI_Allreduce({mdtype}, MPI_{OP_TABLE[op].mpi})"
     if exact:
         return call
     if mdtype == dtype:
         return f"{call}: a sum without the division (MPI has no average)"
     if op in ("band", "bor", "bxor"):
         return f"{call} on the {dtype} bytes (MPI has no bitwise op on {dtype})"
-    return (f"{call} on the {dtype} bytes: an integer {_MPI_OPS[op].lower()} of their bit "
+    return (f"{call} on the {dtype} bytes: an integer {OP_TABLE[op].mpi.lower()} of their bit "
             f"patterns timed as a stand-in, not a {dtype} {op} (MPI cannot reduce {dtype})")
 
 

@@ -137,7 +137,7 @@ def reference(comm, x, op):
     are still at work (MPICH spins in the blocking call)."""
     wide = x.astype(np.float64) if x.dtype in _NARROW_FLOATS else x
     out = np.empty_like(wide)
-    mpi_op = {"avg": MPI.SUM}.get(op) or getattr(MPI, op.upper())
+    mpi_op = getattr(MPI, OP_TABLE[op].mpi)
     if x.dtype == np.bool_:  # MPI defines only the logical ops on C bool
         mpi_op = {"band": MPI.LAND, "bor": MPI.LOR, "bxor": MPI.LXOR}.get(op, mpi_op)
     session_of(comm).watch.wait(lambda: comm.Iallreduce(wide, out, mpi_op),

@@ -51,8 +51,7 @@ from ..buffers.tensors import as_array
 __all__ = ["ProcessGroupMlcomm", "Work", "WorkInfo", "Options", "create"]
 
 _R = dist.ReduceOp.RedOpType
-_OPS = {_R.SUM: "sum", _R.AVG: "avg", _R.PRODUCT: "prod", _R.MIN: "min", _R.MAX: "max",
-        _R.BAND: "band", _R.BOR: "bor", _R.BXOR: "bxor"}
+_OPS = {getattr(_R, op.torch): name for name, op in OP_TABLE.items() if op.torch}
 _BOOL_OPS = {"min": "band", "max": "bor"}  # the same on booleans, where mlcomm's min/max refuse
 _DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
                      torch.uint16, torch.uint32, torch.uint64, torch.float16, torch.bfloat16,
