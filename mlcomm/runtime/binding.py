@@ -15,6 +15,7 @@ and the bytes, as MPI's own collectives do.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import sys
 from dataclasses import dataclass
 
@@ -89,6 +90,23 @@ def _address(a) -> int:
     return a.__array_interface__["data"][0]
 
 
+#: host scratch of at least this many bytes is mapped from the system, not the C heap
+MAPPED_SCRATCH_BYTES = 128 << 10
+
+
+def host_scratch(count: int, dtype) -> np.ndarray:
+    """A binding's host scratch of ``count`` elements. From :data:`MAPPED_SCRATCH_BYTES` up it
+    is an anonymous mapping of its own, whose memory goes back to the system when the
+    binding does: in the C heap, the scratch the binding cache keeps would sit among the
+    caller's freed arrays, which the allocator then cannot give back (docs/design.rst,
+    "Sessions")."""
+    dtype = np.dtype(dtype)
+    nbytes = count * dtype.itemsize
+    if nbytes < MAPPED_SCRATCH_BYTES:
+        return np.empty(count, dtype)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype, count)
+
+
 def _array_at(address: int, nbytes: int, dtype) -> np.ndarray:
     """A NumPy array over memory it does not own (and keeps nothing alive)."""
     if not nbytes:
@@ -126,7 +144,7 @@ class Binding:
                                  f"slots only by copies and reductions")
         if scratch is None:
             scratch = out.empty(program.counts[2]) if device else \
-                np.empty(program.counts[2], out.dtype)
+                host_scratch(program.counts[2], out.dtype)
         self.scratch = scratch
         self.key = buffer_key(inp, out)
         self.nbytes = scratch.nbytes

@@ -26,7 +26,7 @@ __all__ = ["CACHE_BYTES", "BINDING_BYTES", "BINDINGS", "LIVE", "cache_bytes", "o
 CACHE_BYTES = 256 << 20
 
 #: what a cached binding counts for its own objects beside its scratch: its MPI requests,
-#: transports' contexts, frames and Python objects (docs/design.rst, "The binding cache")
+#: transports' contexts, frames and Python objects (docs/design.rst, "Sessions")
 BINDING_BYTES = 32 << 10
 
 
