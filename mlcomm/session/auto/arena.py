@@ -18,14 +18,13 @@ class _Arena:
         self.inp = self.out = self.scratch = np.zeros(0, dtype)
         #: whether it runs on the call's own buffers; the plans' alias (0: in place)
         self.calls, self.alias, self._saved = buffers is not None, None, None
-        if self.calls:  # at 16 MiB, writing arrays of its own took 5-12 ms a rank
+        if self.calls:  # no arrays of its own to write (docs/tuning.rst)
             self.inp, self.out = buffers
             if np.may_share_memory(self.inp, self.out):
                 self.alias, self._saved = 0, self.out[:n].copy()
             else:
                 # written once, so that no candidate's first call pays the page faults of
-                # a fresh output (at 16 MiB and P = 4 on 2 cores, shared_memory's, which
-                # writes its peers' outputs, took 20-42 ms against 10 for its second)
+                # a fresh output (docs/tuning.rst)
                 self.out.fill(0)
 
     def restore(self):

@@ -31,9 +31,9 @@ def _window_variant(name):
     """``name`` (shared_memory, or hierarchical's intra-node phases) through the window where
     it would read its peers' buffers (from its ``single_copy_bytes`` up to
     :data:`~.tuning.TRIAL_PROBE_BYTES`): which is faster depends on whether the node's cores
-    share a cache (docs/performance.rst). From TRIAL_PROBE_BYTES the trial's probe times it
-    on a sixteenth of the size, which a cache holds where the whole may not be held: at
-    16 MiB the window timed up to 4x slower than reading peers' buffers, at 4 MiB faster."""
+    share a cache (docs/performance.rst). From TRIAL_PROBE_BYTES the trial's probe would
+    time it on a sixteenth of the size, which a cache holds where the whole may not be
+    (docs/tuning.rst)."""
     least = ALGORITHMS[name].options["single_copy_bytes"]
     return lambda nbytes: [WINDOW_ONLY] if least <= nbytes < tuning.TRIAL_PROBE_BYTES else []
 

@@ -19,10 +19,8 @@ def round_order(names, k) -> list:
     """Round ``k``'s order of interleaved timing, the same on every rank: row ``k`` of a
     Williams design, in which over a period every name follows every other equally often
     and takes every place (n rounds for n names, n even; 2n for n odd, each row then its
-    reverse). A block pays for what the block before it left (at 64 KiB and P = 2 on 2
-    cores, ``shared_memory`` after MPICH's ``MPI_Allreduce`` took 3-14 % more), and a
-    shuffle seeded by the round put one candidate after it in 4 of 5 rounds and another
-    in none (docs/performance.rst)."""
+    reverse). A block pays for what the block before it left, and a shuffle seeded by the
+    round need not balance who follows whom (docs/tuning.rst)."""
     n = len(names)
     first = [0] + [(i + 1) // 2 if i % 2 else n - i // 2 for i in range(1, n)]
     if n % 2 == 0:

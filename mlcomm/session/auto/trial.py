@@ -36,7 +36,7 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     :data:`TRIAL_MODEL_PRUNE` slower is probed). Each candidate left is bound at the full
     size; once the ranks are lined up, each is called once, then once on each other area of
     the window where it rotates (as often on every rank: a node of one rank does not rotate;
-    a first pass over 32 areas of 64 KiB: 10-12 us a call, then 5.5), then
+    a first call on an area is slow), then
     :data:`TRIAL_WARM` times (after a probe :data:`TRIAL_WARM_LARGE` times, or once more
     where the budget holds it; neither where that first call took :data:`TRIAL_SLOW_FIRST`
     times the fastest call before it, unless it is the library's blocking call and the probe
@@ -214,9 +214,8 @@ def _contenders(ranked, basis, warmed, settling) -> list:
     """The indices timed in the rounds: of those called again, the
     :data:`~.tuning.TRIAL_FINALISTS` fastest (``ranked`` by ``basis``) and those within
     :data:`~.tuning.TRIAL_PRUNE` of the fastest; the library's calls still ``settling``; and
-    the model's favourite (0): single calls of ranks that share cores are noise (P = 4 on
-    2 cores, 8 B: shared_memory's fastest of four took 14-74 us, its rounds' median 8, and
-    it was left out in 2 of 4 trials)."""
+    the model's favourite (0): single calls of ranks that share cores are noise
+    (docs/tuning.rst)."""
     return sorted({0} | settling | {
         i for k, i in enumerate(ranked) if warmed[i] < np.inf and (
             k < tuning.TRIAL_FINALISTS or basis[i] <= tuning.TRIAL_PRUNE * basis.min())})
