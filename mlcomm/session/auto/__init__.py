@@ -32,7 +32,7 @@ from .rounds import round_order, round_period, trial_pick
 from .trial import _probe, _timed, _trial
 from .tuning import *  # noqa: F401,F403 (the constants, read here; set them on .tuning)
 
-#: the former name of :func:`plan_call`
+#: :func:`plan_call` by the name that mlcomm.api and mlcomm.benchmark.verify import
 plan_for = plan_call
 
 __all__ = ["requested", "auto_choice", "agreed_choice", "auto_ran", "plan_call", "plan_for",

@@ -20,7 +20,7 @@ _FLAT_CALL = ("collective", "count of hierarchical's part across the nodes", "dt
               "buffers")
 
 
-def agreed(session, collective, count, dtype, op, device, flat, measure) -> tuple:
+def agreed(session, collective, count, dtype, op, *, device, flat, measure) -> tuple:
     """``(name, options)`` for this call on ``session``, the same on every rank
     (:func:`~mlcomm.session.auto.agreed_choice`): the call layout's, else its size band's,
     else agreed from rank 0's proposal, where ``measure(trial)`` times the candidates the

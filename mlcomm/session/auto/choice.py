@@ -25,5 +25,5 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
     where it is in place), which a trial runs on instead of arrays of its own (an output is
     written, an input only read; an in-place call's array is restored after the trial).
     """
-    return agreed(session, collective, count, dtype, op, device, flat,
-                  lambda trial: _trial(session, trial, count, dtype, op, buffers))
+    return agreed(session, collective, count, dtype, op, device=device, flat=flat,
+                  measure=lambda trial: _trial(session, trial, count, dtype, op, buffers))

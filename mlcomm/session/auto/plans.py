@@ -18,7 +18,8 @@ def plan_call(session, collective, name, count, dtype, op, options, alias=None):
         options = dict(options, **session.context(context))
     if options.get("inter") == AUTO or (name == "hierarchical" and "inter" not in options):
         part = -(-count // max(map(len, session.nodes)))
-        inter, _ = agreed(session, collective, part, dtype, op, False, True, None)
+        inter, _ = agreed(session, collective, part, dtype, op, device=False, flat=True,
+                          measure=None)  # a flat choice is never timed
         options = dict(options, inter=inter)
     return session.plan(collective, name, count, dtype, op, options, alias)
 
