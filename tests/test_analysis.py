@@ -410,7 +410,7 @@ def test_a_probed_size_leaves_out_what_the_model_predicts_far_slower(monkeypatch
     size, of each way of moving data, the model's TRIAL_WAY_TOP fastest of the rest, which
     leaves every way in."""
     import numpy as np
-    from mlcomm.model.cost import explain
+    from mlcomm.model.cost import auto_candidates, explain
     from mlcomm.session import auto
     monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
     monkeypatch.delenv("MLCOMM_AUTO", raising=False)
@@ -421,7 +421,7 @@ def test_a_probed_size_leaves_out_what_the_model_predicts_far_slower(monkeypatch
         _, times, _ = explain(16, nbytes, itemsize=4, nodes=nodes, candidates=sorted(names))
         # on one node hierarchical is a candidate below HIERARCHICAL_ONE_NODE_BYTES only
         assert "hierarchical" not in names, (nbytes, names)
-        every = set(auto.auto_candidates(16, nodes)) | {"mpi"}
+        every = set(auto_candidates(16, nodes)) | {"mpi"}
         _, all_times, _ = explain(16, nbytes, itemsize=4, nodes=nodes, candidates=sorted(every))
         best = min(all_times.values())
         kept = every

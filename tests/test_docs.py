@@ -142,3 +142,11 @@ def test_readme_is_short_valid_and_links_what_exists():
                                   settings_overrides={"halt_level": 2, "report_level": 2})
     targets = re.findall(r"<([\w./-]+\.rst)>`_", text) + re.findall(r"\.\. image:: (\S+)", text)
     assert targets and [t for t in targets if not (ROOT / t).is_file()] == []
+
+
+def test_the_tuning_page_has_a_row_for_every_constant():
+    """docs/tuning.rst names every constant of ``mlcomm.session.auto.tuning``."""
+    from mlcomm.session.auto import tuning
+
+    text = (DOCS / "tuning.rst").read_text(encoding="utf-8")
+    assert tuning.__all__ and [n for n in tuning.__all__ if f"``{n}``" not in text] == []

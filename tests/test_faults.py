@@ -61,8 +61,8 @@ def test_counts_that_differ_on_the_windows_schedules_end_the_job(tmp_path, env, 
     from, or ended the job in, an MPI_Allreduce of 1005 against 1000)."""
     proc, secs = _job(tmp_path, 3, f"""
         from mlcomm.session import auto, get
-        trial = auto._trial
-        auto._trial = lambda session, entries, *args: trial(
+        trial = auto.choice._trial
+        auto.choice._trial = lambda session, entries, *args: trial(
             session, [e for e in entries if e[0] in ("shared_memory", "hierarchical")], *args)
         mlcomm.allreduce(np.ones(1000, np.float32), algorithm="{algorithm}")
         ran = auto.auto_ran(get(MPI.COMM_WORLD), "allreduce", 1000, np.dtype(np.float32), "sum")

@@ -50,7 +50,7 @@ from ..api import IN_PLACE, allreduce
 from ..kernels import BFLOAT16, DTYPES, OP_TABLE, OPS, is_supported, normalize_op, supported_dtypes
 from ..kernels.numpy_backend import bare_kernel, bare_kernel3, finalize
 from ..ir.local import run_local
-from ..session.auto import agreed_choice, auto_ran, plan_for
+from ..session.auto import agreed_choice, auto_ran, plan_call
 from ..session import session_of
 
 __all__ = ["DTYPES", "OPS", "PASSED", "FAILED", "LIBRARY_WRONG", "Row", "Report", "sample",
@@ -281,7 +281,7 @@ def _ran(session, name, count, dtype, op) -> tuple:
     options = {}
     if name == AUTO:
         name, options = agreed_choice(session, "allreduce", count, dtype, op)
-    plan = plan_for(session, "allreduce", name, count, dtype, op, options)
+    plan = plan_call(session, "allreduce", name, count, dtype, op, options)
     return name, plan.key[6]  # the plan key's options: sorted (name, value) pairs
 
 

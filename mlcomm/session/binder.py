@@ -29,7 +29,7 @@ from ..buffers import device, gpu, staging, tensors
 from ..buffers.device import DeviceVector
 from ..transport.native import native_call
 from . import cache, memo
-from .auto import agreed_choice, plan_for
+from .auto import agreed_choice, plan_call
 from .bound import BoundCall, fresh, remembers
 from .call import SIGNATURE, Call, overlap
 from .compare import compare_calls
@@ -97,7 +97,7 @@ def _host(session, call, own=False, own_output=False) -> BoundCall:
     else:
         if call.root:
             options = dict(options, root=call.root)
-        plan = plan_for(session, collective, name, call.count, dtype, opname, options,
+        plan = plan_call(session, collective, name, call.count, dtype, opname, options,
                         call.offset)
         binding = session.own_binding(plan, inp, out) if own else \
             cache.bind(session, plan, inp, out)

@@ -102,7 +102,8 @@ def test_a_band_is_timed_once_for_its_ops_and_below_8k_for_integers_of_its_size(
     if P == 1:
         return
     trials = []
-    monkeypatch.setattr(auto, "_trial", lambda *a, _t=auto._trial: trials.append(a[2:]) or _t(*a))
+    monkeypatch.setattr(auto.choice, "_trial",
+                        lambda *a, _t=auto.choice._trial: trials.append(a[2:]) or _t(*a))
     x = np.arange(100) % 7 + RANK
     calls = [(np.float32, "sum", 1), (np.float32, "max", 0), (np.int32, "max", 1),
              (np.uint32, "bxor", 0), (np.float32, "min", 0), (np.int32, "sum", 0),
@@ -327,7 +328,7 @@ def test_a_first_call_is_timed_on_its_own_buffers(monkeypatch):
     import tracemalloc
     monkeypatch.delenv("MLCOMM_AUTO", raising=False)
     monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
-    monkeypatch.setattr(auto, "auto_candidates", lambda p, nodes: ["ring", "naive"])
+    monkeypatch.setattr(auto.policy, "auto_candidates", lambda p, nodes: ["ring", "naive"])
     if P == 1:
         pytest.skip("needs two ranks")
     count = 1 << 17
@@ -376,8 +377,8 @@ def test_a_first_call_runs_on_its_trials_binding(trial, monkeypatch, count):
             agree(np.array_equal(got, want), f"in place {in_place}: not the exact sum")
             here = session.session_of(c)
             name, options = auto.agreed_choice(here, "allreduce", count, x.dtype, "sum")
-            plan = auto.plan_for(here, "allreduce", name, count, x.dtype, "sum", options,
-                                 0 if in_place else None)
+            plan = auto.plan_call(here, "allreduce", name, count, x.dtype, "sum", options,
+                                  0 if in_place else None)
             ran = here.cached_binding(plan, x, got)  # the cached binding the call ran
             record = here.trials[auto._band_key(count, x.dtype, "sum")]
             agree(any(ran is b for b in made) or not record["first"],  # the probe decided
@@ -390,13 +391,13 @@ def test_an_in_place_call_its_probe_decides_keeps_its_data(trial, monkeypatch):
     """An in-place call whose trial ends at its probe (one candidate left) gets its array
     back before it runs: the exact sum, though the probe's calls ran on that array."""
     comm, s = trial
-    probe = auto._probe
+    probe = auto.trial._probe
 
     def decisive(arena, plans, m, sync):
         probe(arena, plans, m, sync)  # the calls, on the call's own array
         return np.array([1.0] + [100.0] * (len(plans) - 1))
 
-    monkeypatch.setattr(auto, "_probe", decisive)
+    monkeypatch.setattr(auto.trial, "_probe", decisive)
     count = auto.TRIAL_PROBE_BYTES // 4
     x = (np.arange(count) % 7 + RANK).astype(np.int32)
     got = mlcomm.allreduce(mlcomm.IN_PLACE, x, comm=comm)
@@ -453,11 +454,11 @@ def test_after_a_probe_a_slow_first_call_is_not_called_again(trial, monkeypatch)
     """After a probe, a candidate whose first call at the full size takes TRIAL_SLOW_FIRST
     times the fastest call before it (here the second of two, made 0.2 s slower) is called
     no more: no warm call, no round. Every rank skips it alike; the result is exact."""
-    monkeypatch.setattr(auto, "auto_candidates", lambda p, nodes: ["ring", "naive"])
-    monkeypatch.setattr(auto, "library_supports", lambda dtype, op: False)
-    monkeypatch.setattr(auto, "TRIAL_MODEL_PRUNE", float("inf"))  # naive, at any P
+    monkeypatch.setattr(auto.policy, "auto_candidates", lambda p, nodes: ["ring", "naive"])
+    monkeypatch.setattr(auto.policy, "library_supports", lambda dtype, op: False)
+    monkeypatch.setattr(auto.tuning, "TRIAL_MODEL_PRUNE", float("inf"))  # naive, at any P
     # an even probe: both go on to the full size, in the model's order
-    monkeypatch.setattr(auto, "_probe", lambda arena, plans, m, sync: np.ones(len(plans)))
+    monkeypatch.setattr(auto.trial, "_probe", lambda arena, plans, m, sync: np.ones(len(plans)))
     order, calls, record = _trial_with_slow_firsts(monkeypatch, *trial, lambda name, k: k == 2)
     agree(len(order) == 2, f"both candidates at the full size: {order} {record}")
     slow, fast = order[1], order[0]
@@ -478,21 +479,21 @@ def test_after_a_probe_the_librarys_own_call_close_to_the_fastest_settles(
     probed 1.4x as slow as the fastest does not go on past the TRIAL_FINALISTS. Here the
     model ranks the library last and its first calls are made 0.2 s slower."""
     from mlcomm.algorithms import MPI_NATIVE
-    monkeypatch.setattr(auto, "auto_candidates", lambda p, nodes: ["ring", "naive"])
-    monkeypatch.setattr(auto, "library_supports", lambda dtype, op: True)
-    monkeypatch.setattr(auto, "TRIAL_MODEL_PRUNE", float("inf"))
-    monkeypatch.setattr(auto, "TRIAL_FLOOR", 1.0)  # room for rounds
+    monkeypatch.setattr(auto.policy, "auto_candidates", lambda p, nodes: ["ring", "naive"])
+    monkeypatch.setattr(auto.policy, "library_supports", lambda dtype, op: True)
+    monkeypatch.setattr(auto.tuning, "TRIAL_MODEL_PRUNE", float("inf"))
+    monkeypatch.setattr(auto.tuning, "TRIAL_FLOOR", 1.0)  # room for rounds
     # but not for more than TRIAL_FINALISTS to go on from the probe: the library's
     # blocking call goes on past them only where it settles
-    monkeypatch.setattr(auto, "TRIAL_FINALIST_CALLS", 1 << 40)
-    explain = auto.explain
+    monkeypatch.setattr(auto.tuning, "TRIAL_FINALIST_CALLS", 1 << 40)
+    explain = auto.policy.explain
 
     def library_last(*args, **kwargs):
         choice, times, profile = explain(*args, **kwargs)
         return choice, dict(times, **{MPI_NATIVE: 2 * max(times.values())}), profile
 
-    monkeypatch.setattr(auto, "explain", library_last)
-    monkeypatch.setattr(auto, "_probe", lambda arena, plans, m, sync: np.array(
+    monkeypatch.setattr(auto.policy, "explain", library_last)
+    monkeypatch.setattr(auto.trial, "_probe", lambda arena, plans, m, sync: np.array(
         [probed if plan.algorithm == MPI_NATIVE else 1.0 for plan in plans]) * 1e-4)
     order, calls, record = _trial_with_slow_firsts(monkeypatch, *trial,
                                                    lambda name, k: name == MPI_NATIVE)
@@ -520,14 +521,14 @@ def test_after_a_probe_the_budget_decides_how_many_go_on_and_their_warm_calls(
     candidate probed goes on and is called twice more at least. The result is exact."""
     flat = ["ring", "single_master", "parameter_server", "naive", "double_binary_tree",
             "recursive_doubling"]
-    monkeypatch.setattr(auto, "auto_candidates", lambda p, nodes: list(flat))
-    monkeypatch.setattr(auto, "library_supports", lambda dtype, op: False)
-    monkeypatch.setattr(auto, "TRIAL_MODEL_PRUNE", float("inf"))
-    monkeypatch.setattr(auto, "TRIAL_WAY_TOP", len(flat))
-    monkeypatch.setattr(auto, "TRIAL_SLOW_FIRST", float("inf"))
-    monkeypatch.setattr(auto, "TRIAL_FLOOR", floor)
+    monkeypatch.setattr(auto.policy, "auto_candidates", lambda p, nodes: list(flat))
+    monkeypatch.setattr(auto.policy, "library_supports", lambda dtype, op: False)
+    monkeypatch.setattr(auto.tuning, "TRIAL_MODEL_PRUNE", float("inf"))
+    monkeypatch.setattr(auto.tuning, "TRIAL_WAY_TOP", len(flat))
+    monkeypatch.setattr(auto.tuning, "TRIAL_SLOW_FIRST", float("inf"))
+    monkeypatch.setattr(auto.tuning, "TRIAL_FLOOR", floor)
     # an even probe, the model's order kept: every candidate within TRIAL_PROBE_PRUNE
-    monkeypatch.setattr(auto, "_probe",
+    monkeypatch.setattr(auto.trial, "_probe",
                         lambda arena, plans, m, sync: np.linspace(1, 1.4, len(plans)) * 1e-6)
     comm, s = trial
     count = auto.TRIAL_PROBE_BYTES // 4
@@ -556,12 +557,12 @@ def test_a_short_block_of_the_rounds_follows_an_untimed_call(trial, monkeypatch,
     call: each candidate runs its first call, its warm calls, its timed calls and one call
     more for each round it took part in (with TRIAL_BLOCK_CALLS = 0, none more), and the
     pick the call itself, on the trial's binding."""
-    monkeypatch.setattr(auto, "auto_candidates", lambda p, nodes: ["ring", "naive"])
-    monkeypatch.setattr(auto, "library_supports", lambda dtype, op: False)
-    monkeypatch.setattr(auto, "TRIAL_BLOCK_CALLS", block_calls)
+    monkeypatch.setattr(auto.policy, "auto_candidates", lambda p, nodes: ["ring", "naive"])
+    monkeypatch.setattr(auto.policy, "library_supports", lambda dtype, op: False)
+    monkeypatch.setattr(auto.tuning, "TRIAL_BLOCK_CALLS", block_calls)
     comm, s = trial
     count = (64 << 10) // 4
-    rounds, round_order = {}, auto.round_order
+    rounds, round_order = {}, auto.rounds.round_order
     order, runs = _count_runs(monkeypatch)
 
     def counted_rounds(alive, r):
@@ -569,7 +570,7 @@ def test_a_short_block_of_the_rounds_follows_an_untimed_call(trial, monkeypatch,
             rounds[order[i]] = rounds.get(order[i], 0) + 1
         return round_order(alive, r)
 
-    monkeypatch.setattr(auto, "round_order", counted_rounds)
+    monkeypatch.setattr(auto.rounds, "round_order", counted_rounds)
     x = (np.arange(count) % 7 + RANK).astype(np.int32)
     got = mlcomm.allreduce(x, comm=comm)
     agree(np.array_equal(got, np.arange(count) % 7 * P + P * (P - 1) // 2), "not the exact sum")
@@ -615,13 +616,13 @@ def test_a_rotating_candidate_is_timed_after_a_call_on_every_area(fresh, monkeyp
     is slow (10-12 us at 64 KiB on 32 areas, then 5.5), and the trial judged the first pass."""
     monkeypatch.delenv("MLCOMM_AUTO", raising=False)
     monkeypatch.setenv("MLCOMM_PROFILE", "/nonexistent")
-    monkeypatch.setattr(auto, "auto_candidates", lambda p, nodes: ["shared_memory"])
-    monkeypatch.setattr(auto, "library_supports", lambda dtype, op: False)
+    monkeypatch.setattr(auto.policy, "auto_candidates", lambda p, nodes: ["shared_memory"])
+    monkeypatch.setattr(auto.policy, "library_supports", lambda dtype, op: False)
     comm, s = fresh
     if P == 1 or not s.nodes or len(s.nodes) != 1:
         pytest.skip("needs one node of two ranks or more")
     count = (64 << 10) // 4
-    areas, timed, bind, time_one = {}, {}, auto._Arena.bind, auto._timed
+    areas, timed, bind, time_one = {}, {}, auto._Arena.bind, auto.trial._timed
 
     def counted(arena, plan, m):
         binding = bind(arena, plan, m)
@@ -642,7 +643,7 @@ def test_a_rotating_candidate_is_timed_after_a_call_on_every_area(fresh, monkeyp
         return time_one(run)
 
     monkeypatch.setattr(auto._Arena, "bind", counted)
-    monkeypatch.setattr(auto, "_timed", timed_counted)
+    monkeypatch.setattr(auto.trial, "_timed", timed_counted)
     x = (np.arange(count) % 7 + RANK).astype(np.int32)
     got = mlcomm.allreduce(x, comm=comm)
     agree(np.array_equal(got, np.arange(count) % 7 * P + P * (P - 1) // 2), "not the exact sum")
@@ -665,7 +666,7 @@ def test_the_models_favourite_is_timed_in_the_rounds_whatever_its_single_calls(f
     comm, s = fresh
     if P == 1:
         pytest.skip("needs two ranks")
-    favourite, trial, bind = [], auto._trial, auto._Arena.bind
+    favourite, trial, bind = [], auto.choice._trial, auto._Arena.bind
 
     def noting(session, entries, *args):
         favourite.append(entries[0][0])
@@ -684,7 +685,7 @@ def test_the_models_favourite_is_timed_in_the_rounds_whatever_its_single_calls(f
             binding.run = run_slowly
         return binding
 
-    monkeypatch.setattr(auto, "_trial", noting)
+    monkeypatch.setattr(auto.choice, "_trial", noting)
     monkeypatch.setattr(auto._Arena, "bind", slow_at_first)
     x = (np.arange(256) % 5 + RANK).astype(np.int64)
     got = mlcomm.allreduce(x, comm=comm)

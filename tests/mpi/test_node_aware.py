@@ -65,11 +65,11 @@ def test_single_copy_reads_where_the_node_allows_them(name):
     the rank's node has peers); hierarchical by messages never does."""
     if name == "shared_memory" and not ONE_NODE:
         pytest.skip("shared_memory needs one node")
-    from mlcomm.session.auto import plan_for
+    from mlcomm.session.auto import plan_call
     s = session.session_of(COMM)
     f32 = np.dtype(np.float32)
     inter = {"inter": "ring"} if name == "hierarchical" else {}
-    plan = plan_for(s, "allreduce", name, 1 << 20, f32, "sum", inter)
+    plan = plan_call(s, "allreduce", name, 1 << 20, f32, "sum", inter)
     window = s.window()
     agree(bool(plan.program.fetches) == (window.single_copy and len(s.node) > 1),
           f"single_copy={window.single_copy} ({window.single_copy_error}) but the plan has "
@@ -77,7 +77,7 @@ def test_single_copy_reads_where_the_node_allows_them(name):
     agree(window.single_copy or len(s.node) == 1 or bool(window.single_copy_error),
           "no reason given")
     if name == "hierarchical":
-        direct = plan_for(s, "allreduce", name, 1 << 20, f32, "sum", dict(inter, intra="direct"))
+        direct = plan_call(s, "allreduce", name, 1 << 20, f32, "sum", dict(inter, intra="direct"))
         agree(not direct.program.fetches and not direct.program.node_size, "direct read peers")
 
 
