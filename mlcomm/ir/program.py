@@ -26,15 +26,19 @@ schedule's ``Collective``). The ids are plain integers here; :mod:`mlcomm.transp
 binds each to the factory of its transport, and :func:`lower` may name another id for the
 messages.
 
-A transfer's START may move before the previous step's local ops when it touches nothing
-they write or read (:func:`_early_starts`): the ops then overlap the transfer. The layout's
-``alias`` says where the input lies within the output when they share memory (in place),
-which is what decides overlaps, copies that vanish and the reduce kinds.
+:func:`lower` runs the passes of :data:`PASSES` in order over one :class:`Lowering`: it
+numbers the node's ranks, lays the buffers out in one address space, tables the messages,
+node synchronisations and library calls, emits the local ops, measures them, drops the
+copies that vanish, picks the reduce kinds, moves a step's STARTs ahead of the previous
+step's local ops where they touch different memory (the ops then overlap the transfers),
+and links the steps into a :class:`Program`. The layout's ``alias`` says where the input
+lies within the output when they share memory (in place), which is what decides overlaps,
+copies that vanish and the reduce kinds.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -44,7 +48,8 @@ from .schedule import (INPUT as _IN, OUTPUT as _OUT, SCRATCH as _SCR, Await, Col
 
 __all__ = ["WIDTH", "START", "WAIT", "COPY", "REDUCE", "REDUCE2", "REDUCE3", "MAX_BYTES",
            "INPUT", "OUTPUT", "SCRATCH", "SLOTS", "BUFFER_IDS", "MPI_P2P", "NODE", "PEER",
-           "NATIVE", "IN_PLACE", "Transfer", "Sync", "Fetch", "Call", "Program", "lower"]
+           "NATIVE", "INPUT_IN_OUTPUT", "Transfer", "Sync", "Fetch", "Call", "Program", "PASSES",
+           "lower"]
 
 WIDTH = 8
 START, WAIT, COPY, REDUCE, REDUCE2, REDUCE3 = 1, 2, 3, 4, 5, 6
@@ -56,8 +61,8 @@ BUFFER_IDS = {_IN: INPUT, _OUT: OUTPUT, _SCR: SCRATCH}
 #: single-copy reads of node peers' buffers, and the MPI library's own collectives
 #: (:mod:`mlcomm.transport.registry` binds each id to its transport)
 MPI_P2P, NODE, PEER, NATIVE = 0, 1, 2, 3
-#: a :class:`Call`'s send buffer when it is in place
-IN_PLACE = -1
+#: a :class:`Call`'s send buffer when its input lies in its output (MPI's in place)
+INPUT_IN_OUTPUT = -1
 #: the most bytes one transfer, single copy or call of the library's allreduce, reduce or
 #: bcast moves: a larger one is lowered as several, in order (MPI's counts and
 #: ``MPI_Get_count``'s are C ints; Linux copies at most 2 GiB - 4 KiB between processes at once)
@@ -102,8 +107,9 @@ class Fetch(NamedTuple):
 
 class Call(NamedTuple):
     """One call of the MPI library's own collective ``kind`` on ``count`` elements (as MPI
-    takes it): from ``send`` (:data:`IN_PLACE`, or a buffer id) at byte ``send_at`` into
-    ``recv`` at byte ``recv_at``; ``blocking`` as in :class:`mlcomm.ir.schedule.Collective`."""
+    takes it): from ``send`` (:data:`INPUT_IN_OUTPUT`, or a buffer id) at byte ``send_at``
+    into ``recv`` at byte ``recv_at``; ``blocking`` as in
+    :class:`mlcomm.ir.schedule.Collective`."""
 
     kind: str
     send: int
@@ -170,131 +176,258 @@ class Program:
                    if kinds[i] == START and kinds[i - 1] == WAIT)
 
 
-def lower(schedule: Schedule, itemsize: int, alias: int | None = None,
-          messages: int = MPI_P2P) -> Program:
-    """Lower ``schedule`` for elements of ``itemsize`` bytes; ``alias``: see :class:`Program`;
-    ``messages``: the id of the transport that carries its messages (:class:`Transfer`)."""
-    node = {rank: j for j, rank in enumerate(schedule.node)}
+#: a step's sections, in the order :func:`link` joins them: its message STARTs, the START of
+#: its node posts, the WAIT of its messages and of its node awaits, its library calls, the
+#: next step's message STARTs when they run early, its local ops
+SECTIONS = ("start", "post", "wait", "await", "call", "early", "local")
 
-    def buffer_id(name):
+
+@dataclass(eq=False)
+class Lowering:
+    """What the passes of :func:`lower` read and build, for one schedule."""
+
+    schedule: Schedule
+    itemsize: int
+    alias: int | None
+    #: the transport id of the messages
+    messages: int
+    #: the local index of each rank of the node
+    node: dict = field(default_factory=dict)
+    #: where each of this rank's buffers starts in the overlap analysis's address space
+    base: dict = field(default_factory=dict)
+    transfers: list = field(default_factory=list)
+    syncs: list = field(default_factory=list)
+    fetches: list = field(default_factory=list)
+    calls: list = field(default_factory=list)
+    #: per step, its instructions by section (:data:`SECTIONS`); ``local`` holds
+    #: ``(instruction, op)`` pairs, op None for a START or WAIT of single copies
+    blocks: list = field(default_factory=list)
+    partial: bool = False
+    largest: int = 0
+    #: bytes the local ops read from other ranks' window slots
+    window: int = 0
+    program: Program | None = None
+
+    def buffer_id(self, name: str) -> int:
         owner = slot_owner(name)
-        return BUFFER_IDS[name] if owner is None else SLOTS + node[owner]
+        return BUFFER_IDS[name] if owner is None else SLOTS + self.node[owner]
 
-    # where each buffer starts in one address space, for the overlap analysis (a peer's
-    # buffers below zero: they never meet this rank's)
-    base = {INPUT: alias * itemsize if alias is not None else _SPACE, OUTPUT: 0}
-
-    def where(r):
+    def where(self, r) -> tuple:
+        """Region ``r``'s bytes ``(start, stop)`` in one address space: a peer's buffers below
+        zero, where they never meet this rank's."""
         found = peer_of(r.buffer)
         if found is not None:
             start = -_SPACE * (1 + 2 * found[0] + BUFFER_IDS[found[1]])
         else:
-            start = base.get(buffer_id(r.buffer), buffer_id(r.buffer) * _SPACE)
-        return start + r.offset * itemsize, start + r.stop * itemsize
+            start = self.base.get(self.buffer_id(r.buffer), self.buffer_id(r.buffer) * _SPACE)
+        return start + r.offset * self.itemsize, start + r.stop * self.itemsize
 
-    same = lambda r1, r2: where(r1) == where(r2)
-    ref = lambda r: (buffer_id(r.buffer), r.offset * itemsize)
-    transfers, syncs, fetches, calls, ranges, starts = [], [], [], [], [], []
-    for step in schedule.steps:
-        step_messages = [t for t in step.transfers if isinstance(t, Recv)] + \
-                        [t for t in step.transfers if isinstance(t, Send)]
-        posts = [Sync(True, node[schedule.rank], t.count) for t in step.transfers
+    def same(self, r1, r2) -> bool:
+        """Whether two regions are the same memory."""
+        return self.where(r1) == self.where(r2)
+
+    def ref(self, r) -> tuple:
+        """Region ``r`` as an instruction's operand: buffer id, byte offset."""
+        return self.buffer_id(r.buffer), r.offset * self.itemsize
+
+
+def number_ranks(s: Lowering) -> None:
+    """Number the node's ranks in local order (local rank j's window slot is buffer
+    ``SLOTS + j``), and give every step its empty sections."""
+    s.node = {rank: j for j, rank in enumerate(s.schedule.node)}
+    s.blocks = [{name: [] for name in SECTIONS} for _ in s.schedule.steps]
+
+
+def lay_out(s: Lowering) -> None:
+    """Lay the buffers out in one address space for the overlap analysis: the output at 0,
+    the input at ``alias`` elements into it when they share memory, every other buffer in a
+    space of its own."""
+    s.base = {INPUT: s.alias * s.itemsize if s.alias is not None else _SPACE, OUTPUT: 0}
+
+
+def table_messages(s: Lowering) -> None:
+    """Table each step's messages, its receives first, in pieces (:func:`_pieces`); emit a
+    START per round of pieces (each message's first piece, then its second ...: one START
+    each, as MPI_Startall may post its requests in any order) and one WAIT for them all."""
+    for step, block in zip(s.schedule.steps, s.blocks):
+        ordered = [t for t in step.transfers if isinstance(t, Recv)] + \
+                  [t for t in step.transfers if isinstance(t, Send)]
+        pieces = [_pieces(Transfer(isinstance(t, Recv), t.peer, *s.ref(t.region),
+                                   t.region.count * s.itemsize), "nbytes", ("offset",))
+                  for t in ordered]
+        first = len(s.transfers)
+        for j in range(max(map(len, pieces), default=0)):
+            round_ = [p[j] for p in pieces if j < len(p)]
+            block["start"].append((START, s.messages, len(s.transfers), len(round_), 0, 0, 0, 0))
+            s.transfers += round_
+        if len(s.transfers) > first:
+            block["wait"].append((WAIT, s.messages, first, len(s.transfers) - first,
+                                  0, 0, 0, 0))
+
+
+def table_syncs(s: Lowering) -> None:
+    """Table each step's node posts, then its awaits; emit a START of the posts and a WAIT
+    of the awaits."""
+    for step, block in zip(s.schedule.steps, s.blocks):
+        posts = [Sync(True, s.node[s.schedule.rank], t.count) for t in step.transfers
                  if isinstance(t, Post)]
-        waits = [Sync(False, node[t.peer], t.count) for t in step.transfers
+        waits = [Sync(False, s.node[t.peer], t.count) for t in step.transfers
                  if isinstance(t, Await)]
+        if posts:
+            block["post"].append((START, NODE, len(s.syncs), len(posts), 0, 0, 0, 0))
+        if waits:
+            block["await"].append((WAIT, NODE, len(s.syncs) + len(posts), len(waits),
+                                   0, 0, 0, 0))
+        s.syncs += posts + waits
+
+
+def table_calls(s: Lowering) -> None:
+    """Table each step's calls of the library's collectives, in pieces where the kind allows
+    (:func:`_call_pieces`), the send :data:`INPUT_IN_OUTPUT` where MPI's in place
+    (:func:`_in_place`); emit their START and WAIT."""
+    rank, itemsize = s.schedule.rank, s.itemsize
+    for step, block in zip(s.schedule.steps, s.blocks):
         natives = [piece for t in step.transfers if isinstance(t, Collective)
                    for piece in _call_pieces(Call(
-                       t.kind, IN_PLACE if _in_place(t, schedule.rank, where)
-                       else buffer_id(t.send.buffer), t.send.offset * itemsize,
-                       buffer_id(t.recv.buffer), t.recv.offset * itemsize, t.count, t.root,
-                       t.blocking), itemsize)]
-        pieces = [_pieces(Transfer(isinstance(t, Recv), t.peer, buffer_id(t.region.buffer),
-                                   t.region.offset * itemsize, t.region.count * itemsize),
-                          "nbytes", ("offset",)) for t in step_messages]
-        # the first piece of every message, then the second ...: one START each, so that
-        # the pieces of a message are posted in order (MPI_Startall may post its requests
-        # in any order)
-        depth = max(map(len, pieces), default=0)
-        step_messages = [p[j] for j in range(depth) for p in pieces if j < len(p)]
-        counts = [sum(j < len(p) for p in pieces) for j in range(depth)]
-        starts.append([(len(transfers) + sum(counts[:j]), counts[j]) for j in range(depth)])
-        ranges.append(((len(transfers), len(step_messages)), (len(syncs), len(posts)),
-                       (len(syncs) + len(posts), len(waits)), (len(calls), len(natives))))
-        calls += natives
-        transfers += step_messages
-        syncs += posts + waits
-    early = _early_starts(schedule, where)
-    code, partial, largest, window = [], False, 0, 0
-    for k, step in enumerate(schedule.steps):
-        (first, n), posted, awaited, native = ranges[k]
-        if n and not early[k]:
-            code += [(START, messages, *group, 0, 0, 0, 0) for group in starts[k]]
-        if posted[1]:
-            code.append((START, NODE, *posted, 0, 0, 0, 0))
-        if n:
-            code.append((WAIT, messages, first, n, 0, 0, 0, 0))
-        if awaited[1]:
-            code.append((WAIT, NODE, *awaited, 0, 0, 0, 0))
-        if native[1]:
-            code.append((START, NATIVE, *native, 0, 0, 0, 0))
-            code.append((WAIT, NATIVE, *native, 0, 0, 0, 0))
-        if k + 1 < len(ranges) and early[k + 1]:
-            code += [(START, messages, *group, 0, 0, 0, 0) for group in starts[k + 1]]
-        reads = []  # this step's fetches not yet started
+                       t.kind, INPUT_IN_OUTPUT if _in_place(t, rank, s.where)
+                       else s.buffer_id(t.send.buffer), t.send.offset * itemsize,
+                       *s.ref(t.recv), t.count, t.root, t.blocking), itemsize)]
+        if natives:
+            block["call"] += [(kind, NATIVE, len(s.calls), len(natives), 0, 0, 0, 0)
+                              for kind in (START, WAIT)]
+        s.calls += natives
 
-        def start_reads():
-            if reads:
-                code.append((START, PEER, len(fetches), len(reads), 0, 0, 0, 0))
-                code.append((WAIT, PEER, len(fetches), len(reads), 0, 0, 0, 0))
-                fetches.extend(reads)
-                reads.clear()
 
+def lower_ops(s: Lowering) -> None:
+    """Emit each step's local ops: a COPY for a copy, a REDUCE3 (``dst = first (op) src``)
+    for a reduction; a copy from or into a peer's buffer becomes single-copy reads or writes
+    (:class:`Fetch`, in pieces), each run of them one START and WAIT on :data:`PEER`."""
+    for step, block in zip(s.schedule.steps, s.blocks):
+        reads = []  # the single copies not yet emitted
         for op in step.ops:
-            d = op.dst
-            nbytes = d.count * itemsize
-            found = peer_of(op.src.buffer)
-            target = peer_of(d.buffer)
+            d, nbytes = op.dst, op.dst.count * s.itemsize
+            found, target = peer_of(op.src.buffer), peer_of(d.buffer)
             if found is not None or target is not None:
                 if not isinstance(op, Copy) or found is not None and target is not None:
                     raise ValueError(f"{op}: only a copy may read or write another rank's "
                                      f"buffer, from or to one of this rank's own")
                 if found is not None:
-                    reads += _pieces(Fetch(node[found[0]], BUFFER_IDS[found[1]],
-                                           op.src.offset * itemsize, *ref(d), nbytes),
-                                     "nbytes", ("offset", "at"))
+                    fetch = Fetch(s.node[found[0]], BUFFER_IDS[found[1]],
+                                  op.src.offset * s.itemsize, *s.ref(d), nbytes)
                 else:
-                    reads += _pieces(Fetch(node[target[0]], BUFFER_IDS[target[1]],
-                                           d.offset * itemsize, *ref(op.src), nbytes, True),
-                                     "nbytes", ("offset", "at"))
+                    fetch = Fetch(s.node[target[0]], BUFFER_IDS[target[1]],
+                                  d.offset * s.itemsize, *s.ref(op.src), nbytes, True)
+                reads += _pieces(fetch, "nbytes", ("offset", "at"))
                 continue
-            start_reads()
+            _emit_fetches(s, block, reads)
             if isinstance(op, Copy):
-                if not same(op.src, d):
-                    code.append((COPY, *ref(d), *ref(op.src), 0, 0, nbytes))
-                sources = [op.src]
+                row = (COPY, *s.ref(d), *s.ref(op.src), 0, 0, nbytes)
             else:
-                largest = max(largest, nbytes)
-                left = op.first
-                if same(left, d):
-                    code.append((REDUCE, *ref(d), *ref(op.src), 0, 0, nbytes))
-                elif same(op.src, d):
-                    code.append((REDUCE2, *ref(d), *ref(left), 0, 0, nbytes))
-                else:
-                    code.append((REDUCE3, *ref(d), *ref(op.src), *ref(left), nbytes))
-                sources = [op.src, left]
-            window += sum(r.count * itemsize for r in sources
-                          if slot_owner(r.buffer) not in (None, schedule.rank))
-            dw = where(d)
-            partial |= any(_meet(dw, where(s)) and dw[0] != where(s)[0] for s in sources)
-        start_reads()
+                row = (REDUCE3, *s.ref(d), *s.ref(op.src), *s.ref(op.first), nbytes)
+            block["local"].append((row, op))
+        _emit_fetches(s, block, reads)
+
+
+def _emit_fetches(s: Lowering, block: dict, reads: list) -> None:
+    """Table ``reads`` and emit their START and WAIT on :data:`PEER`; empty ``reads``."""
+    if reads:
+        block["local"] += [((kind, PEER, len(s.fetches), len(reads), 0, 0, 0, 0), None)
+                           for kind in (START, WAIT)]
+        s.fetches += reads
+        reads.clear()
+
+
+def measure(s: Lowering) -> None:
+    """Measure the local ops: the largest reduction, the bytes read from other ranks'
+    window slots, and whether an op reads memory that partly overlaps what it writes."""
+    for block in s.blocks:
+        for _, op in block["local"]:
+            if op is None:
+                continue
+            sources = (op.src,) if isinstance(op, Copy) else (op.src, op.first)
+            if not isinstance(op, Copy):
+                s.largest = max(s.largest, op.dst.count * s.itemsize)
+            s.window += sum(r.count * s.itemsize for r in sources
+                            if slot_owner(r.buffer) not in (None, s.schedule.rank))
+            dw = s.where(op.dst)
+            s.partial |= any(_meet(dw, s.where(r)) and dw[0] != s.where(r)[0]
+                             for r in sources)
+
+
+def drop_null_copies(s: Lowering) -> None:
+    """Drop each COPY whose source is its destination's memory (in place, a part of the
+    input seen at its own place in the output)."""
+    for block in s.blocks:
+        block["local"] = [(row, op) for row, op in block["local"]
+                          if row[0] != COPY or not s.same(op.src, op.dst)]
+
+
+def pick_reduce_kinds(s: Lowering) -> None:
+    """Narrow each REDUCE3 ``d = a (op) s`` whose first operand is its destination to REDUCE
+    ``d = d (op) s``, and one whose source is its destination to REDUCE2 ``d = a (op) d``."""
+    for block in s.blocks:
+        for i, (row, op) in enumerate(block["local"]):
+            if row[0] != REDUCE3:
+                continue
+            if s.same(op.first, op.dst):
+                block["local"][i] = ((REDUCE, *row[1:5], 0, 0, row[7]), op)
+            elif s.same(op.src, op.dst):
+                block["local"][i] = ((REDUCE2, *row[1:3], *row[5:7], 0, 0, row[7]), op)
+
+
+def hoist_starts(s: Lowering) -> None:
+    """Move a step's message STARTs ahead of the previous step's local ops (into its
+    ``early`` section) when the step has no node post or await, its receives touch nothing
+    those ops write or read, and its sends read nothing they write: the ops then overlap
+    the transfers."""
+    steps = s.schedule.steps
+    for k in range(1, len(steps)):
+        prev, step = steps[k - 1], steps[k]
+        if not prev.ops or not step.transfers or any(
+                isinstance(t, (Post, Await)) for t in step.transfers):
+            continue  # a node post publishes the ops before it: never early
+        written = [s.where(op.dst) for op in prev.ops]
+        read = [s.where(r) for op in prev.ops
+                for r in ((op.src, op.first) if isinstance(op, Reduce) else (op.src,))]
+        if not any(_meet(s.where(t.region), w) for t in step.transfers
+                   if isinstance(t, Recv) for w in written + read) and \
+                not any(_meet(s.where(t.region), w) for t in step.transfers
+                        if isinstance(t, Send) for w in written):
+            s.blocks[k - 1]["early"], s.blocks[k]["start"] = s.blocks[k]["start"], []
+
+
+def link(s: Lowering) -> None:
+    """Join the steps' sections into the instruction words, and everything into the
+    :class:`Program`."""
+    code = [row for block in s.blocks
+            for row in (*(r for name in SECTIONS[:-1] for r in block[name]),
+                        *(r for r, _ in block["local"]))]
     words = np.array(code, dtype=np.int64).reshape(-1)
     words.flags.writeable = False
+    schedule = s.schedule
     counts = (schedule.input_count, schedule.output_count, schedule.scratch_count)
-    moved = (sum(t.nbytes for t in transfers if not t.recv), window,
-             sum(f.nbytes for f in fetches))
-    return Program(words, tuple(transfers), itemsize, counts, alias, partial, largest,
-                   tuple(syncs), len(schedule.node), schedule.slot_count * itemsize,
-                   tuple(fetches), schedule.turns, tuple(calls), moved, schedule.rotates)
+    moved = (sum(t.nbytes for t in s.transfers if not t.recv), s.window,
+             sum(f.nbytes for f in s.fetches))
+    s.program = Program(words, tuple(s.transfers), s.itemsize, counts, s.alias, s.partial,
+                        s.largest, tuple(s.syncs), len(schedule.node),
+                        schedule.slot_count * s.itemsize, tuple(s.fetches), schedule.turns,
+                        tuple(s.calls), moved, schedule.rotates)
+
+
+#: the passes :func:`lower` runs, in order
+PASSES = (number_ranks, lay_out, table_messages, table_syncs, table_calls, lower_ops, measure,
+          drop_null_copies, pick_reduce_kinds, hoist_starts, link)
+
+
+def lower(schedule: Schedule, itemsize: int, alias: int | None = None,
+          messages: int = MPI_P2P) -> Program:
+    """Lower ``schedule`` for elements of ``itemsize`` bytes: run :data:`PASSES` in order;
+    ``alias``: see :class:`Program`; ``messages``: the id of the transport that carries its
+    messages (:class:`Transfer`)."""
+    state = Lowering(schedule, itemsize, alias, messages)
+    for lowering_pass in PASSES:
+        lowering_pass(state)
+    return state.program
 
 
 def _pieces(item, size, offsets, unit=1) -> list:
@@ -339,24 +472,3 @@ def _meet(a, b) -> bool:
     return a[0] < b[1] and b[0] < a[1]
 
 
-def _early_starts(schedule, where) -> list:
-    """Per step: may its transfers start before the previous step's ops run?
-
-    Yes when the previous step has ops, its receives touch nothing those ops read or
-    write, and its sends read nothing they write.
-    """
-    steps = schedule.steps
-    early = [False]
-    for prev, step in zip(steps, steps[1:]):
-        if not prev.ops or not step.transfers or any(
-                isinstance(t, (Post, Await)) for t in step.transfers):
-            early.append(False)  # a node post publishes the ops before it: never early
-            continue
-        written = [where(op.dst) for op in prev.ops]
-        read = [where(r) for op in prev.ops
-                for r in ((op.src, op.first) if isinstance(op, Reduce) else (op.src,))]
-        early.append(not any(_meet(where(t.region), w) for t in step.transfers
-                             if isinstance(t, Recv) for w in written + read)
-                     and not any(_meet(where(t.region), w) for t in step.transfers
-                                 if isinstance(t, Send) for w in written))
-    return early

@@ -23,7 +23,7 @@ from mpi4py import MPI
 from numba import carray
 
 from ..cabi import ccall4, ccall5, ccall6, ccall7, ccall8, i64_array_at
-from ...ir.program import IN_PLACE
+from ...ir.program import INPUT_IN_OUTPUT
 from ...kernels import OP_TABLE
 from .. import FAULT, Transport, compile_calls
 
@@ -285,7 +285,7 @@ def bind(site) -> LibraryCollectives:
     if site.device:
         raise TypeError(f"{plan.describe()} runs on host buffers here; device buffers "
                         f"go to the MPI library through mlcomm.allreduce")
-    calls = [NativeCall(c.kind, None if c.send == IN_PLACE else at[c.send] + c.send_at,
+    calls = [NativeCall(c.kind, None if c.send == INPUT_IN_OUTPUT else at[c.send] + c.send_at,
                         at[c.recv] + c.recv_at, c.count, c.root, c.blocking)
              for c in plan.program.calls]
     return LibraryCollectives(site.comm, calls, plan.dtype, plan.op)
