@@ -100,7 +100,7 @@ def _host(session, call, own=False, own_output=False) -> BoundCall:
         plan = plan_call(session, collective, name, call.count, dtype, opname, options,
                         call.offset)
         binding = session.own_binding(plan, inp, out) if own else \
-            cache.bind(session, plan, inp, out)
+            cache.binding(session, plan, inp, out)
         run = binding.run
     finish = None
     if opname == "avg" and (collective != "reduce" or session.rank == call.root):

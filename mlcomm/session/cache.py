@@ -20,7 +20,8 @@ from ..runtime.binding import Binding, buffer_key
 from . import memo
 
 __all__ = ["CACHE_BYTES", "BINDING_BYTES", "BINDINGS", "LIVE", "cache_bytes", "own_bytes",
-           "cached_bytes", "held", "describe_held", "lookup", "bind", "keep", "drop_session"]
+           "cached_bytes", "held", "describe_held", "lookup", "binding", "keep", "cached",
+           "bindings_of", "drop_session"]
 
 #: MLCOMM_CACHE_BYTES when unset
 CACHE_BYTES = 256 << 20
@@ -146,7 +147,7 @@ def lookup(session, plan, inp, out):
     return entry.binding
 
 
-def bind(session, plan, inp, out):
+def binding(session, plan, inp, out):
     """``plan`` bound to ``inp``/``out`` in ``session``: the cached binding, or a new one
     sharing its plan's scratch with the plan's other host bindings. A new binding that does
     not fit the bound alone is not cached: it is freed once the call is done with it."""

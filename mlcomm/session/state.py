@@ -114,8 +114,8 @@ class Session:
 
     # bindings
     def cached_binding(self, plan, inp, out):
-        """``plan`` bound to ``inp``/``out`` through the binding cache (:func:`.cache.bind`)."""
-        return cache.bind(self, plan, inp, out)
+        """``plan`` bound to ``inp``/``out`` through the binding cache (:func:`.cache.binding`)."""
+        return cache.binding(self, plan, inp, out)
 
     def keep_binding(self, binding, held: int) -> bool:
         """Cache a binding of ``auto``'s trial for the call (:func:`.cache.keep`)."""
