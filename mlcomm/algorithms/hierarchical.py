@@ -19,6 +19,8 @@ finished with its buffers. A vector under two ``part_bytes`` is one part.
 
 from __future__ import annotations
 
+from functools import partial
+
 from ..ir.schedule import (INPUT, OUTPUT, SCRATCH, Copy, Recv, Reduce, Region, Send, Timeline,
     chunk_bounds, slot)
 from ._common import elements
@@ -67,111 +69,159 @@ def build(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES
     memory) and ``single_copy_bytes`` as for ``shared_memory``: from that size on, with
     ``intra="shared_memory"``, a handler reads its parts of its node peers' inputs and
     writes the finished parts into their outputs instead of going through the window."""
-    if intra not in INTRA:
-        raise ValueError(f"intra={intra!r}: choose one of {', '.join(INTRA)}")
-    flat = COLLECTIVES["allreduce"].get(inter)
-    if flat is None or not flat.flat:
-        valid = sorted(n for n, a in COLLECTIVES["allreduce"].items() if a.flat)
-        raise ValueError(f"inter={inter!r}: choose a flat algorithm, one of {', '.join(valid)}")
+    flat = _flat(inter, intra)
     nodes = tuple(tuple(n) for n in nodes) if nodes is not None else (tuple(range(size)),)
     node = node_of(rank, size, nodes)
     local, L = node.index(rank), len(node)
     largest = max(len(n) for n in nodes)
     parts = max(1, min(largest, count * itemsize // elements("part_bytes", part_bytes, 1)))
     pb = chunk_bounds(count, parts)
-    part = lambda j, at=0, n=None: Region(OUTPUT, pb[j] + at,
-                                          pb[j + 1] - pb[j] - at if n is None else n)
     mine = [j for j in range(parts) if j % L == local]
     shared = intra == "shared_memory" and L > 1
     copies = shared and single_copy and \
         count * itemsize >= elements("single_copy_bytes", single_copy_bytes, 1)
-    window = shared and not copies
     tl = Timeline(rank, size)
     if count == 0:
         return tl.schedule(count, count)
     if size == 1:
         tl.copy(0, Region(OUTPUT, 0, count), Region(INPUT, 0, count))
         return tl.schedule(count, count)
-    t = 0
-    # 1. reduce each part inside the node, into its handler's output
-    if copies:  # on one node, each reduced chunk goes straight on to the peers' outputs
-        sync = Barriers(tl, node)
-        sync.begin(0)
-        t = start = await_addresses(sync)
+    across = partial(_across_nodes, tl, nodes, mine, pb, itemsize, flat, inter_options)
+    if copies:
+        _by_reads(tl, node, len(nodes), mine, pb, itemsize, across)
+    elif shared:
+        window = _Window(tl, node, parts, pb, mine, slot_bytes, itemsize)
+        window.gather(across(window.reduce(0)))
+    else:
+        _by_messages(tl, node, parts, pb, count, across)
+    return tl.schedule(count, count)
+
+
+def _flat(inter, intra):
+    """The flat all-reduce algorithm ``inter``; a ValueError for an ``intra`` not in
+    :data:`INTRA` or an ``inter`` that is not a flat all-reduce."""
+    if intra not in INTRA:
+        raise ValueError(f"intra={intra!r}: choose one of {', '.join(INTRA)}")
+    flat = COLLECTIVES["allreduce"].get(inter)
+    if flat is None or not flat.flat:
+        valid = sorted(n for n, a in COLLECTIVES["allreduce"].items() if a.flat)
+        raise ValueError(f"inter={inter!r}: choose a flat algorithm, one of {', '.join(valid)}")
+    return flat
+
+
+def _across_nodes(tl, nodes, mine, pb, itemsize, flat, inter_options, t):
+    """2. All-reduce each part of ``mine`` across the nodes, among its handlers (one per
+    node), from step ``t``; the next free step."""
+    if len(nodes) > 1:
+        built = {}
         for j in mine:
-            t = reduce_from_peers(tl, t, node, rank, pb[j], pb[j + 1], itemsize, len(nodes) == 1)
-    elif window:
-        sync = Barriers(tl, node)
-        sync.begin(0)
+            column = [n[j % len(n)] for n in nodes]
+            key = (column.index(tl.rank), pb[j + 1] - pb[j])
+            if key not in built:
+                built[key] = flat.build(key[0], len(nodes), key[1], itemsize,
+                                        **dict(inter_options))
+            t = embed(tl, t, built[key], column, pb[j])
+    return t
+
+
+def _by_reads(tl, node, n_nodes, mine, pb, itemsize, across):
+    """The three phases by single copies: a handler reduces its parts of its node peers'
+    inputs, ``across`` the nodes, then writes them into its peers' outputs."""
+    rank = tl.rank
+    sync = Barriers(tl, node)
+    sync.begin(0)
+    t = start = await_addresses(sync)
+    # 1. reduce each part inside the node (on one node, each reduced chunk goes straight on
+    # to the peers' outputs)
+    for j in mine:
+        t = reduce_from_peers(tl, t, node, rank, pb[j], pb[j + 1], itemsize, n_nodes == 1)
+    t = across(t)
+    # 3. every part to every rank of the node
+    if n_nodes > 1:
+        for j in mine:
+            write_to_peers(tl, t, node, rank, pb[j], pb[j + 1] - pb[j])
+            t += 1
+    # every output whole, and no peer touches this rank's buffers after it; on one node
+    # in shared_memory's step, which makes the two schedules one (timed once by auto)
+    sync.barrier(t if n_nodes > 1 else max(t, start + read_steps(pb, itemsize)))
+
+
+class _Window:
+    """Phases 1 and 3 through the node window, in rounds of half a slot: each round moves
+    ``q`` elements of every part."""
+
+    def __init__(self, tl, node, parts, pb, mine, slot_bytes, itemsize):
+        self.tl, self.node, self.parts, self.pb, self.mine = tl, node, parts, pb, mine
+        self.sync = Barriers(tl, node)
+        self.sync.begin(0)
         half = elements("slot_bytes", slot_bytes, itemsize) // 2
         if half < parts:
             raise ValueError(f"slot_bytes={slot_bytes} is too small for {parts} parts: give "
                              f"the window more bytes (MLCOMM_SHM_BYTES)")
         longest = max(pb[j + 1] - pb[j] for j in range(parts))
-        q = min(half // parts, longest)  # elements of each part a round moves
-        rounds = list(range(0, longest, q))
+        self.q = q = min(half // parts, longest)  # elements of each part a round moves
+        self.rounds = list(range(0, longest, q))
         # the gather goes on through the halves in turn; parts and q are every rank's
         need_same_slot(tl, 2 * parts * q, itemsize)
-        length = lambda j, at: max(0, min(q, pb[j + 1] - pb[j] - at))
-        reads = []
+        self.reads = []
 
-        def gather_in(t, c, base, at):
-            for j in range(parts):
-                tl.copy(t, Region(slot(rank), base + j * q, length(j, at)),
-                        Region(INPUT, pb[j] + at, length(j, at)))
+    def length(self, j, at):
+        return max(0, min(self.q, self.pb[j + 1] - self.pb[j] - at))
 
-        def reduce_mine(t, c, base, at, posted):
-            step = t
-            for j in mine:
-                step = max(step, reduce_as_posted(tl, t, sync, posted, part(j, at, length(j, at)),
-                                                  base + j * q, length(j, at)))
-            return step
+    def part(self, j, at):
+        """Round ``at``'s piece of part ``j`` in the output."""
+        return Region(OUTPUT, self.pb[j] + at, self.length(j, at))
 
-        t = exchange(tl, sync, parts * q, rounds, gather_in, reduce_mine, 0, reads)
-    elif L > 1:
+    def reduce(self, t):
+        """1. Reduce each part inside the node, into its handler's output."""
+        return exchange(self.tl, self.sync, self.parts * self.q, self.rounds, self.gather_in,
+                        self.reduce_mine, t, self.reads)
+
+    def gather(self, t):
+        """3. Every part to every rank of the node."""
+        return exchange(self.tl, self.sync, self.parts * self.q, self.rounds, self.publish,
+                        self.copy_out, t, self.reads)
+
+    def gather_in(self, t, c, base, at):
+        for j in range(self.parts):
+            self.tl.copy(t, Region(slot(self.tl.rank), base + j * self.q, self.length(j, at)),
+                         Region(INPUT, self.pb[j] + at, self.length(j, at)))
+
+    def reduce_mine(self, t, c, base, at, posted):
+        step = t
+        for j in self.mine:
+            step = max(step, reduce_as_posted(self.tl, t, self.sync, posted, self.part(j, at),
+                                              base + j * self.q, self.length(j, at)))
+        return step
+
+    def publish(self, t, c, base, at):
+        for j in self.mine:
+            self.tl.copy(t, Region(slot(self.tl.rank), base + j * self.q, self.length(j, at)),
+                         self.part(j, at))
+
+    def copy_out(self, t, c, base, at, posted):
+        for j in range(self.parts):
+            owner = self.node[j % len(self.node)]
+            if owner != self.tl.rank:
+                self.sync.wait(t, owner, posted)
+                self.tl.copy(t, self.part(j, at),
+                             Region(slot(owner), base + j * self.q, self.length(j, at)))
+                t += 1
+        return t + 1
+
+
+def _by_messages(tl, node, parts, pb, count, across):
+    """The three phases by point-to-point messages (``intra="direct"``, or one rank a
+    node): parts to their handlers, ``across`` the nodes, and back."""
+    t = 0
+    if len(node) > 1:
         t = _direct_reduce(tl, t, node, parts, pb, 0)
     else:
         tl.copy(t, Region(OUTPUT, 0, count), Region(INPUT, 0, count))
         t += 1
-    # 2. all-reduce each part across the nodes, among its handlers (one per node)
-    if len(nodes) > 1:
-        built = {}
-        for j in mine:
-            column = [n[j % len(n)] for n in nodes]
-            key = (column.index(rank), pb[j + 1] - pb[j])
-            if key not in built:
-                built[key] = flat.build(key[0], len(nodes), key[1], itemsize,
-                                        **dict(inter_options))
-            t = embed(tl, t, built[key], column, pb[j])
-    # 3. every part to every rank of the node
-    if copies:
-        if len(nodes) > 1:
-            for j in mine:
-                write_to_peers(tl, t, node, rank, pb[j], pb[j + 1] - pb[j])
-                t += 1
-        # every output whole, and no peer touches this rank's buffers after it; on one node
-        # in shared_memory's step, which makes the two schedules one (timed once by auto)
-        sync.barrier(t if len(nodes) > 1 else max(t, start + read_steps(pb, itemsize)))
-    elif window:
-        def publish(t, c, base, at):
-            for j in mine:
-                tl.copy(t, Region(slot(rank), base + j * q, length(j, at)),
-                        part(j, at, length(j, at)))
-
-        def copy_out(t, c, base, at, posted):
-            for j in range(parts):
-                owner = node[j % L]
-                if owner != rank:
-                    sync.wait(t, owner, posted)
-                    tl.copy(t, part(j, at, length(j, at)),
-                            Region(slot(owner), base + j * q, length(j, at)))
-                    t += 1
-            return t + 1
-
-        t = exchange(tl, sync, parts * q, rounds, publish, copy_out, t, reads)
-    elif L > 1:
-        t = _direct_gather(tl, t, node, parts, pb, 0)
-    return tl.schedule(count, count)
+    t = across(t)
+    if len(node) > 1:
+        _direct_gather(tl, t, node, parts, pb, 0)
 
 
 def _direct_reduce(tl, t, node, parts, pb, a):
