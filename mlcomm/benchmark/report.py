@@ -7,7 +7,7 @@ import io
 import json
 
 from ..units import format_size
-from .harness import EXTRA_KEYS, RECORD_KEYS, band_summary
+from .records import EXTRA_KEYS, RECORD_KEYS, band_summary
 
 __all__ = ["format_table", "format_csv", "format_json", "format_summary", "render",
            "format_kernels"]
