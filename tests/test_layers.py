@@ -194,3 +194,31 @@ def test_the_import_checker_sees_an_upward_import(tmp_path):
     found = list(imports("mlcomm.transport.bad", False, bad))
     assert found == [("mlcomm.api", 2), ("mlcomm.api", 3), ("mlcomm", 3)]
     assert level("mlcomm.api", layers()) > level("mlcomm.transport.bad", layers())
+
+
+#: the house's size rule: no module over this many lines, no function over this many
+MODULE_LINES, FUNCTION_LINES = 500, 100
+
+
+def too_large(path) -> list:
+    """What in ``path`` breaks the size rule, in words."""
+    text, name = path.read_text(), path.relative_to(ROOT) if ROOT in path.parents else path
+    found = [f"{name}: {len(text.splitlines())} lines"] \
+        if len(text.splitlines()) > MODULE_LINES else []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            if length > FUNCTION_LINES:
+                found.append(f"{name}:{node.lineno} {node.name}: {length} lines")
+    return found
+
+
+def test_no_module_over_500_lines_nor_function_over_100():
+    found = [f for _, _, path in modules() for f in too_large(path)]
+    assert not found, "split these into parts of one job each: " + "; ".join(found)
+
+
+def test_the_size_rule_sees_a_long_module_and_function(tmp_path):
+    long = tmp_path / "long.py"
+    long.write_text("def f():\n" + "    x = 1\n" * 100 + "\n" * 400 + "y = 2\n")
+    assert [f.split(": ", 1)[1] for f in too_large(long)] == ["502 lines", "101 lines"]
