@@ -104,7 +104,10 @@ def host_scratch(count: int, dtype) -> np.ndarray:
     nbytes = count * dtype.itemsize
     if nbytes < MAPPED_SCRATCH_BYTES:
         return np.empty(count, dtype)
-    return np.frombuffer(mmap.mmap(-1, nbytes), dtype, count)
+    mapped = mmap.mmap(-1, nbytes)
+    if hasattr(mmap, "MADV_HUGEPAGE"):  # as NumPy asks for its large arrays
+        mapped.madvise(mmap.MADV_HUGEPAGE)
+    return np.frombuffer(mapped, dtype, count)
 
 
 def _array_at(address: int, nbytes: int, dtype) -> np.ndarray:
