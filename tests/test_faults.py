@@ -60,12 +60,13 @@ def test_counts_that_differ_on_the_windows_schedules_end_the_job(tmp_path, env, 
     the library's call would meet the library's own undefined behaviour: MPICH returned
     from, or ended the job in, an MPI_Allreduce of 1005 against 1000)."""
     proc, secs = _job(tmp_path, 3, f"""
-        from mlcomm.session import auto, get
+        from mlcomm.session import auto, session_of
         trial = auto.choice._trial
         auto.choice._trial = lambda session, entries, *args: trial(
             session, [e for e in entries if e[0] in ("shared_memory", "hierarchical")], *args)
         mlcomm.allreduce(np.ones(1000, np.float32), algorithm="{algorithm}")
-        ran = auto.auto_ran(get(MPI.COMM_WORLD), "allreduce", 1000, np.dtype(np.float32), "sum")
+        ran = auto.auto_ran(session_of(MPI.COMM_WORLD), "allreduce", 1000,
+                            np.dtype(np.float32), "sum")
         if rank == 0:  # the pick is agreed; one rank prints it (unbuffered, prints interleave)
             print("ran", ran or "{algorithm}", flush=True)
         x = np.ones(1005 if rank == 1 else 1000, np.float32)

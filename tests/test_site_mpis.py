@@ -98,7 +98,10 @@ import mlcomm
 from mpi4py import MPI
 x = np.full(8, MPI.COMM_WORLD.Get_rank() + 1.0)
 assert (mlcomm.allreduce(x, algorithm="shared_memory") == 3).all()
-print("ok", MPI.get_vendor()[0], os.environ.get("OMPI_MCA_osc"), flush=True)
+# rank 0 prints every rank's line: unbuffered prints from two ranks interleave mid-line
+everyone = MPI.COMM_WORLD.gather((MPI.get_vendor()[0], os.environ.get("OMPI_MCA_osc")))
+for vendor, osc in everyone or ():
+    print("ok", vendor, osc, flush=True)
 """
 
 
