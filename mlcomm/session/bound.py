@@ -95,14 +95,13 @@ class BoundCall:
         c = self.call
         self.algorithm, self.options = c.algorithm, dict(c.options_given)
         self.send_ref, self.recv_ref = _ref(c.sendbuf), _ref(c.recvbuf)
-        self.repeat = _repeater(self, c.collective, c.op, c.comm_given, c.root, c.sendbuf,
-                                c.recvbuf) if self.later is None else _rebinder(self)
+        self.repeat = _repeater(self) if self.later is None else _rebinder(self)
         memo.remember(memo.key(c.sendbuf, c.recvbuf, c.algorithm), self)
         memo.LAST[0] = self.repeat  # the next call tries it first
         self.call = self.result = None  # the caller's buffers are held weakly
 
 
-def _repeater(bound, collective, op, comm, root, sendbuf, recvbuf):
+def _repeater(bound):
     """The bound call's ``repeat``: one closure, since it is the whole cost of a repeated
     call. ``repeat(collective, sendbuf, recvbuf, op, comm, algorithm, root, options)`` runs
     the call and returns what the public call returns, where it is the same objects again
@@ -113,7 +112,9 @@ def _repeater(bound, collective, op, comm, root, sendbuf, recvbuf):
     NumPy refuses on a weakly referenced array); a tensor's storage (``set_``, ``resize_``).
     """
     call = bound.call
-    algorithm, options, fresh = call.algorithm, dict(call.options_given), bound.fresh
+    collective, op, comm, root = call.collective, call.op, call.comm_given, call.root
+    sendbuf, recvbuf = call.sendbuf, call.recvbuf
+    algorithm, options, fresh = bound.algorithm, bound.options, bound.fresh
     binding, session, finish = bound.binding, bound.session, bound.finish
     send_ref, recv_ref = bound.send_ref, bound.recv_ref
     result = bound.result
@@ -123,7 +124,7 @@ def _repeater(bound, collective, op, comm, root, sendbuf, recvbuf):
     loop = bound.run_ if binding is None else binding.loop
     send, send_memory = _layout(sendbuf)
     recv, recv_memory = _layout(recvbuf)
-    del sendbuf, recvbuf, result  # held weakly
+    del call, sendbuf, recvbuf, result  # held weakly
 
     def repeat(collective_, sendbuf, recvbuf, op_, comm_, algorithm_, root_, options_):
         if (recv_ref() is not recvbuf or send_ref() is not sendbuf or op_ is not op

@@ -20,7 +20,7 @@ from ..runtime.binding import Binding, buffer_key
 from . import memo
 
 __all__ = ["CACHE_BYTES", "BINDING_BYTES", "BINDINGS", "LIVE", "cache_bytes", "own_bytes",
-           "cached_bytes", "held", "describe_held", "lookup", "binding", "keep", "cached",
+           "cached_bytes", "held", "describe_held", "binding", "keep", "cached",
            "bindings_of", "drop_session"]
 
 #: MLCOMM_CACHE_BYTES when unset
@@ -137,24 +137,15 @@ def _free_transports(transports) -> None:
         transport.free()
 
 
-def lookup(session, plan, inp, out):
-    """The cached binding of ``plan`` on ``inp``/``out`` in ``session``, or None."""
-    key = (id(session), plan.key, buffer_key(inp, out))
-    entry = BINDINGS.entries.get(key)
-    if entry is None:
-        return None
-    BINDINGS.entries.move_to_end(key)
-    return entry.binding
-
-
 def binding(session, plan, inp, out):
     """``plan`` bound to ``inp``/``out`` in ``session``: the cached binding, or a new one
     sharing its plan's scratch with the plan's other host bindings. A new binding that does
     not fit the bound alone is not cached: it is freed once the call is done with it."""
-    found = lookup(session, plan, inp, out)
-    if found is not None:
-        return found
     key = (id(session), plan.key, buffer_key(inp, out))
+    entry = BINDINGS.entries.get(key)
+    if entry is not None:
+        BINDINGS.entries.move_to_end(key)
+        return entry.binding
     device = not isinstance(out, ndarray)
     scratch_key = key if device else plan.key
     shared = session.shared.get(scratch_key)
