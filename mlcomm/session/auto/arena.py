@@ -34,15 +34,23 @@ class _Arena:
         if self._saved is not None:
             self.out[:self._saved.size] = self._saved
 
-    def reserve(self, plans, m):
+    @property
+    def itemsize(self) -> int:
+        return self.inp.dtype.itemsize
+
+    def reserve(self, plans, m) -> int:
         """Room for calls of ``m`` elements of ``plans``, touched, as a repeated call finds
-        it."""
+        it; the bytes of new memory it touched."""
+        touched = 0
         if m > self.inp.size:
             self.inp, self.out = np.ones(m, self.inp.dtype), np.ones(m, self.inp.dtype)
+            touched += self.inp.nbytes + self.out.nbytes
         need = max((plan.program.counts[2] for plan in plans), default=0)
         if need > self.scratch.size:
-            self.scratch = host_scratch(need, self.scratch.dtype)  # a binding may keep it
-            self.scratch[...] = 0
+            # a binding may keep it
+            self.scratch = host_scratch(need, self.scratch.dtype, touched=True)
+            touched += self.scratch.nbytes
+        return touched
 
     def bind(self, plan, m):
         """``plan`` bound to the arena's first ``m`` elements (freed by the caller)."""

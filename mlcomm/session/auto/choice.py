@@ -3,6 +3,8 @@ time."""
 
 from __future__ import annotations
 
+import time
+
 from .agreement import agreed
 from .trial import _trial
 
@@ -24,6 +26,9 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
     (:data:`~.policy.VARIANTS`). ``buffers``: the call's own ``(input, output)`` (one array
     where it is in place), which a trial runs on instead of arrays of its own (an output is
     written, an input only read; an in-place call's array is restored after the trial).
+    The trial's budget counts from here: the agreement is part of a first call.
     """
+    began = time.perf_counter()
     return agreed(session, collective, count, dtype, op, device=device, flat=flat,
-                  measure=lambda trial: _trial(session, trial, count, dtype, op, buffers))
+                  measure=lambda trial: _trial(session, trial, count, dtype, op, buffers,
+                                               began))

@@ -20,13 +20,14 @@ from .rounds import _rounds, trial_pick
 log = logging.getLogger("mlcomm")
 
 
-def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
+def _trial(session, trial, count, dtype, op, buffers=None, began=None) -> tuple:
     """Time the candidates on every rank; return the fastest as ``(name, options)``, the same
     on every rank (every decision below is taken on times reduced to the slowest rank's, and
     on the slowest rank's clock).
 
     The trial, set-up included, aims at a budget: :data:`TRIAL_STEADY` calls of its fastest
-    candidate plus :data:`TRIAL_FLOOR` seconds. From :data:`TRIAL_PROBE_BYTES` on, the
+    candidate plus :data:`TRIAL_FLOOR` seconds, counted from ``began`` (the call's start,
+    by default now). From :data:`TRIAL_PROBE_BYTES` on, the
     candidates are first timed on a sixteenth of the size (:func:`_probe`), which leaves the
     fastest of each way of moving data (:func:`_way`) within :data:`TRIAL_WAY_PRUNE` of the
     fastest, then the fastest of the rest up to :data:`TRIAL_FINALISTS` in all and more
@@ -34,7 +35,12 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     library's blocking call where it is within :data:`TRIAL_SETTLE` of the fastest, and the
     model's favourite, unless a form of it is among them (and none the model predicts
     :data:`TRIAL_MODEL_PRUNE` slower is probed). Each candidate left is bound at the full
-    size; once the ranks are lined up, each is called once, then once on each other area of
+    size; once the ranks are lined up, each is called once (after a probe, the fastest
+    probed first and the library's calls last, unless settling; one but the first called,
+    the model's favourite and a settling library call only where the budget as it stands,
+    less the seconds spent and a call to come, holds :data:`TRIAL_FIRST_CALLS` of its probe
+    time scaled to the size), then
+    once on each other area of
     the window where it rotates (as often on every rank: a node of one rank does not rotate;
     a first call on an area is slow), then
     :data:`TRIAL_WARM` times (after a probe :data:`TRIAL_WARM_LARGE` times, or once more
@@ -57,8 +63,10 @@ def _trial(session, trial, count, dtype, op, buffers=None) -> tuple:
     at the full size, the session keeps the pick's binding as the call's
     (:meth:`~mlcomm.session.Session.keep_binding`). The constants are :mod:`.tuning`'s.
     """
-    session.wait_started()
-    began = time.perf_counter()
+    began = time.perf_counter() if began is None else began
+    waited = time.perf_counter()
+    session.wait_started()  # the session's set-up is not the trial's
+    began += time.perf_counter() - waited
     n = max(1, min(count, tuning.TRIAL_BYTES // dtype.itemsize))
     arena = _Arena(session, dtype, n, buffers)
     try:
@@ -72,12 +80,13 @@ def _measure(session, trial, count, dtype, op, arena, n, began) -> tuple:
     elements at most."""
     sync = lambda: session.watch.barrier(session.comm, "auto's trial", roll=False)
     probes = [n // 16] if n * dtype.itemsize >= tuning.TRIAL_PROBE_BYTES else []
-    record = {"probes": [int(m) for m in probes], "probed": [], "first": {}, "warm": {},
-              "warm_calls": 0, "calls": {}, "median": {}}
+    record = {"probes": [int(m) for m in probes], "probed": [], "first": {}, "skipped": [],
+              "warm": {}, "warm_calls": 0, "calls": {}, "median": {}}
     spare, settled = False, set()  # the library's blocking call where it settles
+    probed = {}  # each finalist's probe time, scaled to the full size
     for m in probes:  # cheap calls on a smaller size thin out the candidates
-        trial, settled, spare, elapsed, budget = _probed(session, trial, dtype, op, arena,
-                                                         n, m, began, sync, record)
+        trial, probed, settled, spare, elapsed, budget = _probed(
+            session, trial, dtype, op, arena, n, m, began, sync, record)
         if len(trial) == 1:
             return _decided(session, count, dtype, op, record, trial[0], elapsed, budget)
     trial, plans = distinct_plans(session, trial, n, dtype, op, arena.alias)
@@ -88,9 +97,10 @@ def _measure(session, trial, count, dtype, op, arena, n, began) -> tuple:
     warm = tuning.TRIAL_WARM_LARGE + spare if probes else tuning.TRIAL_WARM
     bindings, kept = {}, None
     try:
+        order = _calling_order(trial, probed, settling)
         first, warmed, setup, elapsed = _first_calls(
             session, arena, [plans[entry] for entry in trial], n, bindings, settling, warm,
-            bool(probes), began)
+            began, order, [probed.get(entry) for entry in trial])
         # setting up only adds to a first call: where it was the faster, it stands
         basis = np.minimum(first, warmed)
         budget = tuning.TRIAL_STEADY * basis.min() + tuning.TRIAL_FLOOR
@@ -116,19 +126,26 @@ def _measure(session, trial, count, dtype, op, arena, n, began) -> tuple:
 
 
 def _probed(session, trial, dtype, op, arena, n, m, began, sync, record) -> tuple:
-    """The probe on ``m`` of the ``n`` elements: ``(finalists, settled, spare, elapsed,
-    budget)``, the finalists (:func:`_finalists`) in the model's order, the library's
-    blocking call among them where it settles (probed within
-    :data:`~.tuning.TRIAL_SETTLE` of the fastest), whether the budget holds a second warm
-    call of each, and the model's favourite where probed within
+    """The probe on ``m`` of the ``n`` elements: ``(finalists, probed, settled, spare,
+    elapsed, budget)``, the finalists (:func:`_finalists`) in the model's order and the
+    probe's time of each, the library's blocking call among them where it settles (probed
+    within :data:`~.tuning.TRIAL_SETTLE` of the fastest), whether the budget holds a second
+    warm call of each, and the model's favourite where probed within
     :data:`~.tuning.TRIAL_FAVOURITE_PRUNE` of the fastest, unless a form of it goes on; the
     seconds spent and the trial's budget, from the probe's fastest scaled to the size."""
     trial, plans = distinct_plans(session, trial, m, dtype, op, arena.alias)
-    times, elapsed = _slowest(session, _probe(arena, [plans[entry] for entry in trial],
-                                              m, sync), began)
+    plans = [plans[entry] for entry in trial]
+    start = time.perf_counter()
+    touched = arena.reserve(plans, m)  # the seconds a byte of new memory costs, below
+    faulting = (time.perf_counter() - start) / touched if touched else 0.0
+    times, elapsed = _slowest(session, np.append(_probe(arena, plans, m, sync), faulting),
+                              began)
+    times, faulting = times[:-1], float(times[-1])
     record["probed"].append(dict(zip(map(_label_of, trial), times.tolist())))
     budget = tuning.TRIAL_STEADY * n / m * times.min() + tuning.TRIAL_FLOOR
-    ranked, left = _finalists(trial, times, n, m, budget, elapsed)
+    scratch = faulting * n / m * arena.itemsize * np.array(
+        [plan.program.counts[2] for plan in plans], float)  # its full size's, in seconds
+    ranked, left = _finalists(trial, times, scratch, n, m, budget, elapsed)
     # the library's own call, probed close to the fastest, goes on and settles (below)
     settle = {i for i, entry in enumerate(trial) if entry == (MPI_NATIVE, BLOCKING)
               and times[i] <= tuning.TRIAL_SETTLE * times.min()}
@@ -137,17 +154,18 @@ def _probed(session, trial, dtype, op, arena, n, m, began, sync, record) -> tupl
     if times[0] <= tuning.TRIAL_FAVOURITE_PRUNE * times.min() and \
             all(trial[i][0] != trial[0][0] for i in ranked):
         ranked.append(0)  # the model's favourite, unless a form of it goes on
-    return [trial[i] for i in sorted(ranked)], {trial[i] for i in settle}, spare, elapsed, \
-        budget
+    return [trial[i] for i in sorted(ranked)], {trial[i]: n / m * times[i] for i in ranked}, \
+        {trial[i] for i in settle}, spare, elapsed, budget
 
 
-def _finalists(trial, times, n, m, budget, elapsed) -> tuple:
+def _finalists(trial, times, scratch, n, m, budget, elapsed) -> tuple:
     """``(ranked, left)``: the indices of the probed entries that go on to the full size, and
     the budget left for their calls there. Of those probed within
     :data:`~.tuning.TRIAL_WAY_PRUNE` of the fastest, the fastest of each way of moving data,
     then the fastest of the rest within :data:`~.tuning.TRIAL_PROBE_PRUNE` up to
     :data:`~.tuning.TRIAL_FINALISTS` in all, then more while the budget holds
-    :data:`~.tuning.TRIAL_FINALIST_CALLS` full-size calls of each."""
+    :data:`~.tuning.TRIAL_FINALIST_CALLS` full-size calls of each and the seconds its
+    ``scratch`` adds to the finalists' (one scratch serves them all)."""
     order = [i for i in np.argsort(times, kind="stable")
              if times[i] <= tuning.TRIAL_WAY_PRUNE * times.min()]
     # each way of moving data changes its protocol with the size in its own way, which
@@ -163,23 +181,43 @@ def _finalists(trial, times, n, m, budget, elapsed) -> tuple:
             if i not in leaders and times[i] <= tuning.TRIAL_PROBE_PRUNE * times.min()]
     ranked = (leaders + rest)[:max(tuning.TRIAL_FINALISTS, len(leaders))]
     cost = tuning.TRIAL_FINALIST_CALLS * n / m * times  # each at the full size
-    left = budget - elapsed - cost[ranked].sum()
+    shared = scratch[ranked].max(initial=0.0)
+    left = budget - elapsed - cost[ranked].sum() - shared
     for i in rest[len(ranked) - len(leaders):]:  # then as many more as the budget holds
-        if cost[i] > left:
+        grows = max(scratch[i] - shared, 0.0)
+        if cost[i] + grows > left:
             break
         ranked.append(i)
-        left -= cost[i]
+        left -= cost[i] + grows
+        shared += grows
     return ranked, left
 
 
-def _first_calls(session, arena, plans, n, bindings, settling, warm, probed,
-                 began) -> tuple:
+def _calling_order(trial, probed, settling) -> list:
+    """The order of the full-size first calls (indices into ``trial``): after a probe, the
+    fastest probed first, so that a slow first call meets a fast one, and the library's
+    calls last unless settling (a library sets up a new size over its first calls, which
+    the budget may then not hold); else the model's."""
+    if not probed:
+        return list(range(len(trial)))
+    late = lambda i: trial[i][0] == MPI_NATIVE and i not in settling
+    return sorted(range(len(trial)), key=lambda i: (late(i), probed[trial[i]]))
+
+
+def _first_calls(session, arena, plans, n, bindings, settling, warm, began, order,
+                 scaled) -> tuple:
     """``(first, warmed, setup, elapsed)``, the slowest rank's: each plan's first call on
-    ``n`` elements, its fastest of ``warm`` calls after a pass over the window's areas
-    (inf where, after a probe, its first call took :data:`~.tuning.TRIAL_SLOW_FIRST` times
-    the fastest call before it, unless it is ``settling``), its binding's seconds, and the
-    trial's seconds so far. Each binding goes into ``bindings`` by index (freed by the
-    caller)."""
+    ``n`` elements, its fastest of ``warm`` calls after a pass over the window's areas, its
+    binding's seconds, and the trial's seconds so far; the plans are called in ``order``.
+    ``scaled``: each plan's probe time scaled to the size (None where no probe ran). After
+    a probe, a plan but the first called, the model's favourite (0: a probe on a sixteenth
+    can misjudge it) and those ``settling`` is called only where the budget
+    as it stands (:data:`~.tuning.TRIAL_STEADY` of the fastest call so far plus
+    :data:`~.tuning.TRIAL_FLOOR`), less the seconds so far and a call of the fastest to
+    come, holds :data:`~.tuning.TRIAL_FIRST_CALLS` of its scaled probe time (else its
+    first call is inf), and is not called again where its first call took
+    :data:`~.tuning.TRIAL_SLOW_FIRST` times the fastest call before it (its warm calls are
+    inf). Each binding goes into ``bindings`` by index (freed by the caller)."""
     # every candidate bound, then the ranks lined up once (each rank's set-up differs,
     # and a first call after its own would wait for the slowest rank's); each
     # candidate's first call, then its warm calls, the fastest of which judges
@@ -194,13 +232,21 @@ def _first_calls(session, arena, plans, n, bindings, settling, warm, probed,
     # agreeing on it lines the ranks up
     passes = _everywhere(session, np.array([bindings[i].rotations - 1
                                             for i in range(len(plans))], np.int64))
-    for i in range(len(plans)):
+    probed = bool(plans) and scaled[0] is not None
+    for k, i in enumerate(order):
+        done, fastest = order[:k], np.inf
+        if probed and k:  # every rank decides on the slowest rank's times
+            both, elapsed = _slowest(session, np.concatenate([first[done], basis[done]]),
+                                     began)
+            first[done], basis[done] = np.split(both, 2)
+            fastest = np.minimum(first[done], basis[done]).min()
+            if i and i not in settling and elapsed + fastest + tuning.TRIAL_FIRST_CALLS * \
+                    scaled[i] > tuning.TRIAL_STEADY * fastest + tuning.TRIAL_FLOOR:
+                continue  # the budget does not hold it
         first[i] = _timed(bindings[i].run)
-        if probed:  # the slowest rank's, as are the calls before: every rank skips alike
-            first[:i + 1], basis[:i] = np.split(_slowest(
-                session, np.concatenate([first[:i + 1], basis[:i]]), began)[0], [i + 1])
-            if i not in settling and first[i] >= tuning.TRIAL_SLOW_FIRST * np.minimum(
-                    first[:i], basis[:i]).min(initial=np.inf):
+        if probed:
+            first[i] = _slowest(session, first[i:i + 1], began)[0][0]
+            if i not in settling and first[i] >= tuning.TRIAL_SLOW_FIRST * fastest:
                 continue
         for _ in range(passes[i]):  # each area once: the first is slow
             bindings[i].run()
@@ -216,9 +262,10 @@ def _contenders(ranked, basis, warmed, settling) -> list:
     :data:`~.tuning.TRIAL_PRUNE` of the fastest; the library's calls still ``settling``; and
     the model's favourite (0): single calls of ranks that share cores are noise
     (docs/tuning.rst)."""
-    return sorted({0} | settling | {
+    return sorted(i for i in {0} | settling | {
         i for k, i in enumerate(ranked) if warmed[i] < np.inf and (
-            k < tuning.TRIAL_FINALISTS or basis[i] <= tuning.TRIAL_PRUNE * basis.min())})
+            k < tuning.TRIAL_FINALISTS or basis[i] <= tuning.TRIAL_PRUNE * basis.min())}
+        if basis[i] < np.inf)  # not those the budget left uncalled
 
 
 def _recorded(session, record, trial, first, warm, warmed, calls, estimate, pick, nbytes,
@@ -227,7 +274,9 @@ def _recorded(session, record, trial, first, warm, warmed, calls, estimate, pick
     ``warm``), its timed calls and median; under ``MLCOMM_DEBUG=1`` rank 0 logs the pick
     for ``nbytes``, timed on ``measured`` bytes."""
     labels = [_label_of(entry) for entry in trial]
-    record.update(first=dict(zip(labels, first.tolist())), warm_calls=warm,
+    record.update(first={label: t for label, t in zip(labels, first.tolist()) if t < np.inf},
+                  skipped=[label for label, t in zip(labels, first.tolist()) if t == np.inf],
+                  warm_calls=warm,
                   warm={label: t for label, t in zip(labels, warmed.tolist()) if t < np.inf},
                   calls=dict(zip(labels, calls.tolist())),
                   median={labels[i]: estimate[i] for i in range(len(trial)) if calls[i]})
@@ -250,15 +299,16 @@ def _probe(arena, plans, m, sync) -> np.ndarray:
     """Each plan's time on ``m`` elements of ``arena``, the fastest of
     :data:`~.tuning.TRIAL_PROBE_CALLS` (this rank's)."""
     arena.reserve(plans, m)
-    times = np.full(len(plans), np.inf)
-    for i, plan in enumerate(plans):
-        binding = arena.bind(plan, m)
-        try:
-            sync()
-            times[i] = min(_timed(binding.run) for _ in range(tuning.TRIAL_PROBE_CALLS))
-        finally:
+    bindings = []
+    try:
+        for plan in plans:  # every candidate bound, then the ranks lined up once
+            bindings.append(arena.bind(plan, m))
+        sync()
+        return np.array([min(_timed(binding.run) for _ in range(tuning.TRIAL_PROBE_CALLS))
+                         for binding in bindings])
+    finally:
+        for binding in bindings:
             binding.free()
-    return times
 
 
 def _timed(run) -> float:
