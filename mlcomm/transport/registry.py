@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 from ..ir.program import MPI_P2P, NATIVE, NODE, PEER
-from . import Site, Transport, mpi, native, peer, window
+from . import Site, Transport, compile_calls, mpi, native, peer, window
 
-__all__ = ["Entry", "TRANSPORTS", "register", "unregister", "bind"]
+__all__ = ["Entry", "TRANSPORTS", "register", "unregister", "bind", "load_compiled"]
 
 
 class Entry(NamedTuple):
@@ -23,18 +23,21 @@ class Entry(NamedTuple):
     name: str
     #: ``bind(site)`` -> the :class:`mlcomm.transport.Transport` of one binding
     bind: Callable
+    #: what :func:`~mlcomm.transport.compile_calls` compiles its C calls from, if it has any
+    define: Callable | None = None
 
 
 #: transport id -> :class:`Entry`
 TRANSPORTS: dict = {}
 
 
-def register(transport_id: int, name: str, factory: Callable) -> None:
-    """Bind ``transport_id`` to ``factory`` (``factory(site)`` -> a transport)."""
+def register(transport_id: int, name: str, factory: Callable, define=None) -> None:
+    """Bind ``transport_id`` to ``factory`` (``factory(site)`` -> a transport), whose C
+    calls, if any, :func:`~mlcomm.transport.compile_calls` compiles from ``define``."""
     if transport_id in TRANSPORTS:
         raise ValueError(f"transport id {transport_id} is {TRANSPORTS[transport_id].name!r} "
                          f"already")
-    TRANSPORTS[transport_id] = Entry(name, factory)
+    TRANSPORTS[transport_id] = Entry(name, factory, define)
 
 
 def unregister(transport_id: int) -> None:
@@ -51,7 +54,15 @@ def bind(transport_id: int, site: Site) -> Transport:
     return entry.bind(site)
 
 
-register(MPI_P2P, "mpi", mpi.bind)
-register(NODE, "window", window.bind)
-register(PEER, "peer", peer.bind)
-register(NATIVE, "native", native.bind)
+def load_compiled() -> None:
+    """Compile (or load from Numba's disk cache) every transport's C calls, once per
+    process: a first binding otherwise pays it, about a second in a new process."""
+    for entry in list(TRANSPORTS.values()):
+        if entry.define is not None:
+            compile_calls(entry.define)
+
+
+register(MPI_P2P, "mpi", mpi.bind, mpi.define)
+register(NODE, "window", window.bind, window.define)
+register(PEER, "peer", peer.bind, peer.define)
+register(NATIVE, "native", native.bind, native.define)

@@ -465,6 +465,7 @@ def test_after_a_probe_a_slow_first_call_is_not_called_again(trial, monkeypatch)
     monkeypatch.setattr(auto.policy, "library_supports", lambda dtype, op: False)
     monkeypatch.setattr(auto.tuning, "TRIAL_MODEL_PRUNE", float("inf"))  # naive, at any P
     # an even probe: both go on to the full size, in the model's order
+    monkeypatch.setattr(auto.tuning, "TRIAL_FLOOR", 1.0)  # the budget holds both
     monkeypatch.setattr(auto.trial, "_probe",
                         lambda arena, plans, m, sync: np.full(len(plans), 1e-6))
     order, calls, record = _trial_with_slow_firsts(monkeypatch, *trial, lambda name, k: k == 2)
@@ -485,6 +486,7 @@ def test_after_a_probe_the_first_calls_go_in_the_probes_order(trial, monkeypatch
     monkeypatch.setattr(auto.policy, "library_supports", lambda dtype, op: False)
     monkeypatch.setattr(auto.tuning, "TRIAL_MODEL_PRUNE", float("inf"))  # naive, at any P
     monkeypatch.setattr(auto.tuning, "TRIAL_PROBE_PRUNE", 2.0)  # both go on
+    monkeypatch.setattr(auto.tuning, "TRIAL_FLOOR", 1.0)  # the budget holds both
     monkeypatch.setattr(auto.trial, "_probe", lambda arena, plans, m, sync: np.array(
         [1.0 if plan.algorithm == "naive" else 1.5 for plan in plans]) * 1e-4)
     called, seen = [], set()

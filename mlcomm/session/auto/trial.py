@@ -10,6 +10,7 @@ import numpy as np
 
 from ... import config
 from ...algorithms import MPI_NATIVE
+from ...transport.registry import load_compiled
 from . import tuning
 from .agreement import _everywhere, _slowest
 from .arena import _Arena
@@ -27,7 +28,7 @@ def _trial(session, trial, count, dtype, op, buffers=None, began=None) -> tuple:
 
     The trial, set-up included, aims at a budget: :data:`TRIAL_STEADY` calls of its fastest
     candidate plus :data:`TRIAL_FLOOR` seconds, counted from ``began`` (the call's start,
-    by default now). From :data:`TRIAL_PROBE_BYTES` on, the
+    by default now) less the session's set-up and loading the transports' compiled code. From :data:`TRIAL_PROBE_BYTES` on, the
     candidates are first timed on a sixteenth of the size (:func:`_probe`), which leaves the
     fastest of each way of moving data (:func:`_way`) within :data:`TRIAL_WAY_PRUNE` of the
     fastest, then the fastest of the rest up to :data:`TRIAL_FINALISTS` in all and more
@@ -65,7 +66,8 @@ def _trial(session, trial, count, dtype, op, buffers=None, began=None) -> tuple:
     """
     began = time.perf_counter() if began is None else began
     waited = time.perf_counter()
-    session.wait_started()  # the session's set-up is not the trial's
+    session.wait_started()  # the session's set-up is not the trial's,
+    load_compiled()  # nor the process's compiled code
     began += time.perf_counter() - waited
     n = max(1, min(count, tuning.TRIAL_BYTES // dtype.itemsize))
     arena = _Arena(session, dtype, n, buffers)

@@ -30,7 +30,7 @@ _EXPECT = 16  # then one word per transfer: the bytes a receive expects; -(bytes
 _SIZE_MISMATCH, _MPI_ERROR = 1, 2
 
 
-def _define(compile):
+def define(compile):
     """``(start, test)`` of this transport, as :func:`compile_calls` compiles them."""
     @compile
     def start(context, first, n):
@@ -114,7 +114,7 @@ class PointToPoint(Transport):
         ctx[_SENT] = _address(self.sent)
         ctx[_EXPECT:] = [t.nbytes if t.recv else -t.nbytes - 1 for t in self.transfers]
         self._ctx = ctx
-        return (_address(ctx), *compile_calls(_define))
+        return (_address(ctx), *compile_calls(define))
 
     def _slice(self, first, n):
         reqs = self._ranges.get((first, n))  # a WAIT may span several STARTs' ranges

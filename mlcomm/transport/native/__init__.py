@@ -58,7 +58,7 @@ _KIND, _BLOCKING, _FN, _SEND, _RECV, _COUNT, _TYPE, _OP, _ROOT, _COMM = range(10
 _CALL = 10
 
 
-def _define(compile):
+def define(compile):
     """``(start, test)`` of this transport, as :func:`compile_calls` compiles them."""
     @compile
     def start(context, first, n):
@@ -200,7 +200,7 @@ class LibraryCollectives(Transport):
                 _word(int(MPI.IN_PLACE)) if c.send is None else c.send,
                 c.recv, c.count, handles[0], handles[1], c.root, handles[2]]
         self._ctx = ctx
-        self.compiled = (_address(ctx), *compile_calls(_define))
+        self.compiled = (_address(ctx), *compile_calls(define))
 
     def _message(self, address, count, size):
         """An mpi4py buffer spec over ``count`` elements at ``address`` (None: in place)."""

@@ -97,7 +97,7 @@ def probe(node) -> tuple:
     return [pid for pid, _ in everyone], next((e for e in errors if e), None)
 
 
-def _define(compile):
+def define(compile):
     """``(start, test)`` of this transport, as :func:`compile_calls` compiles them."""
     @compile
     def start(context, first, n):
@@ -144,7 +144,7 @@ class PeerCopies(Transport):
                 f.offset, addresses[f.buffer] + f.at, f.nbytes, calls[f.write])
         self._ctx = ctx
         self._published = [window.address_array(j) for j in range(len(window.flags))]
-        self.compiled = (ctx.__array_interface__["data"][0], *compile_calls(_define))
+        self.compiled = (ctx.__array_interface__["data"][0], *compile_calls(define))
 
     def start(self, first, n):
         for i in range(first, first + n):

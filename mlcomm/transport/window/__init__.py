@@ -212,7 +212,7 @@ class NodeWindow:
         self.win = None
 
 
-def _define(compile):
+def define(compile):
     """``(start, test)`` of this transport, as :func:`compile_calls` compiles them."""
     @compile
     def start(context, first, n):
@@ -288,7 +288,7 @@ class NodeSync(Transport):
         self._words = [window.flag_array(j, LAYOUT) for j in range(nlocal)]
         self._published = window.address_array(local)
         self._me = local
-        self.compiled = (ctx.__array_interface__["data"][0], *compile_calls(_define))
+        self.compiled = (ctx.__array_interface__["data"][0], *compile_calls(define))
 
     def start(self, first, n):
         mine = self._flags[self._me]
