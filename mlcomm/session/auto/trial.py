@@ -38,7 +38,8 @@ def _trial(session, trial, count, dtype, op, buffers=None, began=None) -> tuple:
     :data:`TRIAL_MODEL_PRUNE` slower is probed). Each candidate left is bound at the full
     size; once the ranks are lined up, each is called once (after a probe, the fastest
     probed first and the library's calls last, unless settling; one but the first called,
-    the model's favourite and a settling library call only where the budget as it stands,
+    the model's favourite (unless the library's) and a settling library call only where
+    the budget as it stands,
     less the seconds spent and a call to come, holds :data:`TRIAL_FIRST_CALLS` of its probe
     time scaled to the size), then
     once on each other area of
@@ -213,7 +214,8 @@ def _first_calls(session, arena, plans, n, bindings, settling, warm, began, orde
     binding's seconds, and the trial's seconds so far; the plans are called in ``order``.
     ``scaled``: each plan's probe time scaled to the size (None where no probe ran). After
     a probe, a plan but the first called, the model's favourite (0: a probe on a sixteenth
-    can misjudge it) and those ``settling`` is called only where the budget
+    can misjudge it) unless the library's, and those ``settling`` is called only where the
+    budget
     as it stands (:data:`~.tuning.TRIAL_STEADY` of the fastest call so far plus
     :data:`~.tuning.TRIAL_FLOOR`), less the seconds so far and a call of the fastest to
     come, holds :data:`~.tuning.TRIAL_FIRST_CALLS` of its scaled probe time (else its
@@ -235,6 +237,9 @@ def _first_calls(session, arena, plans, n, bindings, settling, warm, began, orde
     passes = _everywhere(session, np.array([bindings[i].rotations - 1
                                             for i in range(len(plans))], np.int64))
     probed = bool(plans) and scaled[0] is not None
+    # the model's favourite is called however the probe timed it, unless the library's
+    # (whose model is the best of two of mlcomm's own: it knows nothing the others' do not)
+    kept = settling | ({0} if probed and plans[0].algorithm != MPI_NATIVE else set())
     for k, i in enumerate(order):
         done, fastest = order[:k], np.inf
         if probed and k:  # every rank decides on the slowest rank's times
@@ -242,7 +247,7 @@ def _first_calls(session, arena, plans, n, bindings, settling, warm, began, orde
                                      began)
             first[done], basis[done] = np.split(both, 2)
             fastest = np.minimum(first[done], basis[done]).min()
-            if i and i not in settling and elapsed + fastest + tuning.TRIAL_FIRST_CALLS * \
+            if i not in kept and elapsed + fastest + tuning.TRIAL_FIRST_CALLS * \
                     scaled[i] > tuning.TRIAL_STEADY * fastest + tuning.TRIAL_FLOOR:
                 continue  # the budget does not hold it
         first[i] = _timed(bindings[i].run)

@@ -60,9 +60,9 @@ TRIAL_WARM_LARGE = 1
 #: after a probe, a candidate whose first call takes this factor of the fastest call before
 #: it is not called again
 TRIAL_SLOW_FIRST = 2.0
-#: after a probe, a finalist (but the first called, the model's favourite and the library's
-#: call where it settles) is called only where the budget left holds this many calls of its
-#: probe time scaled to the size
+#: after a probe, a finalist (but the first called, the model's favourite unless the
+#: library's, and the library's call where it settles) is called only where the budget left
+#: holds this many calls of its probe time scaled to the size
 TRIAL_FIRST_CALLS = 3
 
 # --- the rounds --------------------------------------------------------------------------
