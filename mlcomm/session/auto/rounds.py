@@ -42,10 +42,10 @@ def _rounds(session, bindings, alive, basis, budget, coming, elapsed, began, syn
     (indices into ``bindings``), whose calls first took ``basis``: each round times a block
     of each (:func:`_round`) and drops those whose median is :data:`~.tuning.TRIAL_DROP`
     slower than the best, until one is left, :data:`~.tuning.TRIAL_ROUNDS` are done or the
-    ``budget`` less the call to come (``coming``) and the ``elapsed`` seconds would not hold
-    another call of each (where no probe ran, after :data:`~.tuning.TRIAL_MIN_ROUNDS` at
-    least). ``estimate`` is each one's median (its ``basis`` where no round ran), ``calls``
-    the timed calls each made."""
+    ``budget`` less its :data:`~.tuning.TRIAL_RESERVE`, the call to come (``coming``) and
+    the ``elapsed`` seconds would not hold another call of each (where no probe ran, after
+    :data:`~.tuning.TRIAL_MIN_ROUNDS` at least). ``estimate`` is each one's median (its
+    ``basis`` where no round ran), ``calls`` the timed calls each made."""
     samples = {i: [] for i in alive}
     estimate = basis.copy()
     calls = np.zeros(len(basis), np.int64)
@@ -53,7 +53,7 @@ def _rounds(session, bindings, alive, basis, budget, coming, elapsed, began, syn
         # a call of each, and the untimed call before a short block
         one_each = sum(estimate[i] * (1 + (estimate[i] * tuning.TRIAL_BLOCK_CALLS
                                            > tuning.TRIAL_BLOCK_SECONDS)) for i in alive)
-        left = budget - coming - elapsed
+        left = (1 - tuning.TRIAL_RESERVE) * budget - coming - elapsed
         if len(alive) == 1 or left < one_each and (probed or r >= tuning.TRIAL_MIN_ROUNDS):
             break
         times, counts = _round(bindings, alive, estimate, r, left, sync)

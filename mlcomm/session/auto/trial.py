@@ -55,10 +55,11 @@ def _trial(session, trial, count, dtype, op, buffers=None, began=None) -> tuple:
     interleaved blocks (a block lasts at least
     :data:`TRIAL_BLOCK_SECONDS`; one of fewer than :data:`TRIAL_BLOCK_CALLS` calls follows
     an untimed call), each round dropping those whose median is :data:`TRIAL_DROP` slower
-    than the best, until one is left, the rounds are done or the budget, less the call to
-    come (its binding and first call, or one call where the session keeps the trial's
-    binding), would not hold another call of each (below TRIAL_PROBE_BYTES, after
-    :data:`TRIAL_MIN_ROUNDS` rounds at least); the medians decide (:func:`trial_pick`), or
+    than the best, until one is left, the rounds are done or the budget, less its
+    :data:`TRIAL_RESERVE` and the call to come (its binding and first call, or one call
+    where the session keeps the trial's binding), would not hold another call of each
+    (below TRIAL_PROBE_BYTES, after :data:`TRIAL_MIN_ROUNDS` rounds at least); the medians
+    decide (:func:`trial_pick`), or
     the fastest calls where no round ran. An entry whose schedule is an earlier one's on
     every rank is not timed. What it timed is kept in ``session.trials`` by band. It runs on
     ``buffers`` (a call's input and output, or its one array in place) where given; there,

@@ -74,6 +74,9 @@ TRIAL_PRUNE = 1.5
 TRIAL_ROUNDS = 5
 #: below TRIAL_PROBE_BYTES, at least this many rounds run, budget or not
 TRIAL_MIN_ROUNDS = 2
+#: the rounds leave this share of the budget to what follows them (the call itself, the
+#: ranks' skew): their last blocks' line-ups overstep what they planned
+TRIAL_RESERVE = 0.1
 #: the shortest block worth timing (seconds)
 TRIAL_BLOCK_SECONDS = 200e-6
 #: a block of fewer calls than this follows one untimed call of its candidate
