@@ -9,7 +9,7 @@ from math import log2
 
 import pytest
 
-from mlcomm.algorithms import ALGORITHMS, build_schedules
+from mlcomm.algorithms import ALGORITHMS, COLLECTIVES, build_schedules
 from mlcomm.analysis import KEYS, Network, analyze, compile_schedules, schedule_metrics, simulate
 from mlcomm.analysis.draw import trace
 from mlcomm.analysis.simulator import critical_path
@@ -215,6 +215,23 @@ def test_simulator_agrees_with_exact_formulas(name, p):
         prog = compile_schedules(build_schedules(name, p, count, 8), 8)
         want = ALGORITHMS[name].cost(p, 8 * count, NET.alpha, NET.beta, NET.gamma)
         assert simulate(prog, NET).seconds == pytest.approx(want, rel=1e-9), (name, p, count)
+
+
+@pytest.mark.parametrize("p", PS)
+def test_simulator_agrees_with_the_bcast_and_reduce_formulas(p):
+    """Each broadcast's and reduce's closed form (Thakur, Rabenseifner & Gropp 2005; the
+    fold's round added for p not a power of two) is its simulated time, from any root."""
+    count = 4 * p * _p2(p)
+    cases = [("bcast", "binomial", {}), ("bcast", "scatter_allgather", {}),
+             ("bcast", "chain", {"segment_bytes": count}),  # 8 segments
+             ("reduce", "binomial", {}), ("reduce", "rabenseifner", {})]
+    for collective, name, options in cases:
+        for root in sorted({0, p // 2, p - 1}):
+            schedules = build_schedules(name, p, count, 8, collective, root=root, **options)
+            want = COLLECTIVES[collective][name].cost(p, 8 * count, NET.alpha, NET.beta,
+                                                      NET.gamma, root=root, **options)
+            assert simulate(compile_schedules(schedules, 8), NET).seconds == \
+                pytest.approx(want, rel=1e-9), (collective, name, p, root)
 
 
 @pytest.mark.parametrize("p", PS)

@@ -1,6 +1,7 @@
 """Every algorithm's schedules, run by the local executor and checked exactly."""
 
 import copy
+import random
 
 import numpy as np
 import pytest
@@ -8,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from mlcomm.algorithms import ALGORITHMS, COLLECTIVES, build_schedules
 from mlcomm.algorithms._pieces import binary_tree
-from mlcomm.ir.local import ScheduleError, check_collective
+from mlcomm.ir.local import ScheduleError, check_collective, run_local
 from mlcomm.ir.schedule import TURN_BYTES, Recv
 
 HAND_WRITTEN = sorted(name for name, a in ALGORITHMS.items() if a.hand_written)
@@ -70,6 +71,57 @@ def test_other_collectives_exact(collective, p):
                 opts = {"root": root} if collective in ("bcast", "reduce") else {}
                 check_collective(build_schedules(name, p, count, collective=collective, **opts),
                                  collective, root=root)
+
+
+BCAST_REDUCE = [("bcast", "binomial"), ("bcast", "scatter_allgather"), ("bcast", "chain"),
+                ("reduce", "binomial"), ("reduce", "rabenseifner")]
+
+
+def test_bcast_and_reduce_exact_for_every_p():
+    """The binomial, scatter_allgather and chain broadcasts and the binomial and rabenseifner
+    reduces, exact for every p = 1..64 from random roots, at count 0, a count up to p
+    (empty blocks) and one above it (uneven blocks); the chain in random segments, the
+    reduces in place too."""
+    rng = random.Random(51)
+    for p in range(1, 65):
+        for collective, name in BCAST_REDUCE:
+            for count in (0, rng.randrange(1, p + 1), rng.randrange(p + 1, 2 * p + 2)):
+                root = rng.randrange(p)
+                options = {"segment_bytes": 8 * rng.randrange(1, 9)} if name == "chain" else {}
+                schedules = build_schedules(name, p, count, collective=collective, root=root,
+                                            **options)
+                check_collective(schedules, collective, root=root)
+                if collective == "reduce":
+                    check_collective(schedules, collective, root=root, in_place=True)
+
+
+def _matmul_mod(a, b, out):
+    """2x2 matrix products mod a prime, row by row: associative, not commutative."""
+    out[...] = np.einsum("nij,njk->nik", a, b) % 65521
+
+
+@pytest.mark.parametrize("p", [2, 3, 5, 8, 13])
+def test_binomial_reduce_reduces_in_rank_order_from_the_root(p):
+    """The binomial reduce's order is fixed: the root's result is x[root] (op) x[root+1]
+    (op) ... (op) x[root-1], shown with an op whose operands do not commute."""
+    rng = np.random.default_rng(p)
+    for root in sorted({0, p // 2, p - 1}):
+        x = rng.integers(0, 65521, size=(p, 3, 2, 2))
+        got, _ = run_local(build_schedules("binomial", p, 3, collective="reduce", root=root),
+                           list(x), reduce=_matmul_mod)
+        want = x[root].copy()
+        for k in range(1, p):
+            _matmul_mod(want, x[(root + k) % p], out=want)
+        assert np.array_equal(got[root], want), (p, root)
+
+
+def test_bcast_and_reduce_options_are_checked():
+    with pytest.raises(ValueError, match=r"root=4 is out of range.*0\.\.3"):
+        build_schedules("scatter_allgather", 4, 10, collective="bcast", root=4)
+    with pytest.raises(ValueError, match=r"root=-1 is out of range"):
+        build_schedules("rabenseifner", 4, 10, collective="reduce", root=-1)
+    with pytest.raises(ValueError, match=r"segment_bytes=0: give a positive whole number"):
+        build_schedules("chain", 4, 10, collective="bcast", segment_bytes=0)
 
 
 def test_checker_catches_a_lost_reduction():

@@ -12,10 +12,10 @@ from functools import lru_cache
 from ..ir.schedule import INPUT, OUTPUT, SCRATCH, Region, Timeline
 
 __all__ = [
-    "segments", "gather_reduce", "scatter_results",
+    "segments", "chunks", "gather_reduce", "scatter_results",
     "ring_reduce_scatter", "ring_allgather",
-    "Tree", "binary_tree", "tree_reduce", "tree_bcast",
-    "fold", "unfold",
+    "Tree", "binary_tree", "tree_reduce", "tree_bcast", "binomial_transfers",
+    "fold", "real_rank", "unfold", "recursive_halving",
 ]
 
 
@@ -129,11 +129,14 @@ def ring_reduce_scatter(tl: Timeline, t: int, bounds, seg: int | None = None,
     return t
 
 
-def ring_allgather(tl: Timeline, t: int, bounds, seg: int | None = None) -> int:
-    """All-gather of ``output`` blocks around the ring; rank r starts with block r."""
+def ring_allgather(tl: Timeline, t: int, bounds, seg: int | None = None,
+                   shift: int = 0) -> int:
+    """All-gather of ``output`` blocks around the ring; rank r starts with block
+    ``(r - shift) % p``."""
     me, p = tl.rank, tl.size
     right, left = (me + 1) % p, (me - 1) % p
-    block = [Region(OUTPUT, bounds[i], bounds[i + 1] - bounds[i]) for i in range(p)]
+    block = [Region(OUTPUT, bounds[j], bounds[j + 1] - bounds[j])
+             for j in ((i - shift) % p for i in range(p))]
     width = max(b.count for b in block)
     seg = seg or max(width, 1)
     nseg = max(1, -(-width // seg))
@@ -210,7 +213,8 @@ def binary_tree(p: int, flavour: int = 0, root: int = 0) -> Tree:
     return Tree(parent)
 
 
-def _chunks(region: Region, chunk: int) -> list[Region]:
+def chunks(region: Region, chunk: int | None) -> list[Region]:
+    """Cut ``region`` into near-equal pieces of at most ``chunk`` elements (None: one piece)."""
     n = max(1, -(-region.count // chunk)) if chunk else 1
     return segments(region, -(-region.count // n) if region.count else 0, n)
 
@@ -227,8 +231,8 @@ def tree_reduce(tl: Timeline, t0: int, tree: Tree, acc: Region, chunk: int,
     the slot at which the root may start broadcasting chunk 0.
     """
     me = tl.rank
-    pieces = _chunks(acc, chunk)
-    own = pieces if source is None else _chunks(source, chunk)
+    pieces = chunks(acc, chunk)
+    own = pieces if source is None else chunks(source, chunk)
     width = max(c.count for c in pieces)
     kids = tree.children[me]
     tl.need_scratch(scratch_at + len(kids) * width)
@@ -249,7 +253,7 @@ def tree_reduce(tl: Timeline, t0: int, tree: Tree, acc: Region, chunk: int,
 def tree_bcast(tl: Timeline, t0: int, tree: Tree, buf: Region, chunk: int) -> int:
     """Pipelined broadcast of the root's ``buf`` down ``tree``; returns the first free slot."""
     me = tl.rank
-    pieces = _chunks(buf, chunk)
+    pieces = chunks(buf, chunk)
     d = tree.depth[me]
     for c, piece in enumerate(pieces):
         if tree.parent[me] is not None:
@@ -259,35 +263,63 @@ def tree_bcast(tl: Timeline, t0: int, tree: Tree, buf: Region, chunk: int) -> in
     return t0 + len(pieces) + max(tree.depth)
 
 
+def binomial_transfers(p: int, v: int, down: bool):
+    """Relative rank ``v``'s transfers in the binomial tree on relative ranks 0..p-1 rooted
+    at 0, in round order: ``(round, peer, lo, hi, receives)``.
+
+    The parent of v is v less its lowest set bit m; its children are v + 2^k for every
+    2^k below m (every 2^k below p at the root). An edge carries the child's subtree, the
+    relative ranks [lo, hi). The edge of 2^k is round k going up (``down=False``: a reduce
+    or a gather, leaves first) and round ceil(log2 p) - 1 - k going down (a broadcast or a
+    scatter, root first): ceil(log2 p) rounds.
+    """
+    top = (p - 1).bit_length()
+    when = (lambda m: top - m.bit_length()) if down else (lambda m: m.bit_length() - 1)
+    up = v & -v
+    out = [] if v == 0 else [(when(up), v - up, v, min(v + up, p), down)]
+    m = 1
+    while m < (up or 1 << top) and v + m < p:
+        out.append((when(m), v + m, v + m, min(v + 2 * m, p), not down))
+        m <<= 1
+    return sorted(out)
+
+
 # --- fold for non-power-of-two p (recursive doubling / halving) ---------------
 
-def fold(tl: Timeline, t: int, n: int) -> tuple[int | None, int, int, Region | None]:
+def fold(tl: Timeline, t: int, n: int, shift: int = 0, acc: Region | None = None,
+         scratch_at: int = 0) -> tuple[int | None, int, int, Region | None]:
     """Fold p ranks onto the largest power of two p2 <= p.
 
-    The first ``2*(p-p2)`` ranks pair up: even ranks send their vector to the
-    odd neighbour and sit out.  Returns ``(new_rank or None, p2, next slot,
-    contribution)``: the region holding this rank's (possibly folded) vector,
-    ``output`` after a fold, else ``input`` itself (nothing is copied).
+    Ranks count from ``shift``: rank r is ``(r - shift) % p`` here. The first
+    ``2*(p-p2)`` pair up: even ones send their vector to the odd neighbour and
+    sit out; the odd ones take it in at ``scratch_at`` in scratch and reduce
+    it into ``acc`` (default: the output). Returns ``(new_rank or None, p2,
+    next slot, contribution)``: the region holding this rank's (possibly
+    folded) vector, ``acc`` after a fold, else ``input`` itself (nothing is
+    copied).
     """
-    me, p = tl.rank, tl.size
+    p = tl.size
+    me = (tl.rank - shift) % p
     p2 = 1 << (p.bit_length() - 1)
     extra = p - p2
-    whole, own = Region(OUTPUT, 0, n), Region(INPUT, 0, n)
+    whole = Region(OUTPUT, 0, n) if acc is None else acc
+    own, landing = Region(INPUT, 0, n), Region(SCRATCH, scratch_at, n)
     if me < 2 * extra and me % 2 == 0:
-        tl.send(t, me + 1, own)
+        tl.send(t, (tl.rank + 1) % p, own)
         return None, p2, t + 1, None
     if me < 2 * extra:
-        tl.need_scratch(n)
-        tl.recv(t, me - 1, Region(SCRATCH, 0, n))
-        tl.reduce(t, whole, Region(SCRATCH, 0, n), left=own)
+        tl.need_scratch(scratch_at + n)
+        tl.recv(t, (tl.rank - 1) % p, landing)
+        tl.reduce(t, whole, landing, left=own)
         return me // 2, p2, t + 1, whole
     return me - extra, p2, t + 1, own
 
 
-def real_rank(new_rank: int, p: int) -> int:
-    """Map a rank of the folded power-of-two group back to its communicator rank."""
+def real_rank(new_rank: int, p: int, shift: int = 0) -> int:
+    """Map a rank of the folded power-of-two group back to its communicator rank (ranks
+    counted from ``shift``, as in :func:`fold`)."""
     extra = p - (1 << (p.bit_length() - 1))
-    return 2 * new_rank + 1 if new_rank < extra else new_rank + extra
+    return ((2 * new_rank + 1 if new_rank < extra else new_rank + extra) + shift) % p
 
 
 def unfold(tl: Timeline, t: int, n: int) -> int:
@@ -301,3 +333,29 @@ def unfold(tl: Timeline, t: int, n: int) -> int:
         else:
             tl.send(t, me - 1, whole)
     return t + 1
+
+
+def recursive_halving(tl: Timeline, t: int, new: int, p2: int, contrib: Region, acc: Region,
+                      bounds, to_rank, scratch_at: int = 0) -> int:
+    """Reduce-scatter by recursive halving over the p2 ranks of a fold: rank ``new`` ends
+    with block ``new`` of ``acc`` (``bounds``: the p2+1 block offsets) reduced.
+
+    Each round a rank keeps half its window of blocks, sends the other half to its partner
+    ``new ^ mask`` (``to_rank`` maps it to its rank) and reduces what it receives, landing
+    in scratch at ``scratch_at``, into ``acc``; the first round reads ``contrib`` (this
+    rank's vector) itself. Returns the next slot.
+    """
+    span = lambda region, lo, hi: region.sub(bounds[lo], bounds[hi] - bounds[lo])
+    tl.need_scratch(scratch_at + (bounds[p2] - bounds[p2 // 2] if p2 > 1 else 0))
+    lo, hi, mask = 0, p2, p2 >> 1
+    while mask:
+        peer = to_rank(new ^ mask)
+        mid = (lo + hi) // 2
+        keep, give = ((mid, hi), (lo, mid)) if new & mask else ((lo, mid), (mid, hi))
+        kept = span(acc, *keep)
+        tl.send(t, peer, span(contrib, *give))
+        tl.recv(t, peer, Region(SCRATCH, scratch_at, kept.count))
+        tl.reduce(t, kept, Region(SCRATCH, scratch_at, kept.count), left=span(contrib, *keep))
+        lo, hi = keep
+        contrib, mask, t = acc, mask >> 1, t + 1
+    return t

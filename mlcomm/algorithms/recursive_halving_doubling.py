@@ -1,7 +1,7 @@
 """Rabenseifner's all-reduce: recursive-halving reduce-scatter, recursive-doubling all-gather."""
 
-from ..ir.schedule import OUTPUT, SCRATCH, Region, Timeline, chunk_bounds
-from ._pieces import fold, real_rank, unfold
+from ..ir.schedule import OUTPUT, Region, Timeline, chunk_bounds
+from ._pieces import fold, real_rank, recursive_halving, unfold
 from ._registry import register
 from .recursive_doubling import fold_cost
 
@@ -19,30 +19,20 @@ def build(rank, size, count, itemsize):
     new, p2, t, contrib = fold(tl, 0, count)
     if new is not None:
         bounds = chunk_bounds(count, p2)
-        span = lambda buf, lo, hi: Region(buf, bounds[lo], bounds[hi] - bounds[lo])
-        tl.need_scratch(count - bounds[p2 // 2] if p2 > 1 else 0)
-        lo, hi, mask = 0, p2, p2 >> 1
-        while mask:  # the first round reads the input itself: nothing is copied to output
-            peer = real_rank(new ^ mask, size)
-            mid = (lo + hi) // 2
-            keep, give = ((mid, hi), (lo, mid)) if new & mask else ((lo, mid), (mid, hi))
-            kept = span(OUTPUT, *keep)
-            landing = Region(SCRATCH, 0, kept.count)
-            tl.send(t, peer, span(contrib.buffer, *give))
-            tl.recv(t, peer, landing)
-            tl.reduce(t, kept, landing, left=span(contrib.buffer, *keep))
-            lo, hi = keep
-            contrib, mask, t = kept, mask >> 1, t + 1
+        whole = Region(OUTPUT, 0, count)
+        span = lambda lo, hi: whole.sub(bounds[lo], bounds[hi] - bounds[lo])
+        t = recursive_halving(tl, t, new, p2, contrib, whole, bounds,
+                              lambda q: real_rank(q, size))
         if p2 == 1:  # p = 1: the result is the input
-            tl.copy(t, Region(OUTPUT, 0, count), contrib)
+            tl.copy(t, whole, contrib)
         mask = 1
         while mask < p2:
             peer_new = new ^ mask
             mine = (new // mask) * mask
             theirs = (peer_new // mask) * mask
             peer = real_rank(peer_new, size)
-            tl.send(t, peer, span(OUTPUT, mine, mine + mask))
-            tl.recv(t, peer, span(OUTPUT, theirs, theirs + mask))
+            tl.send(t, peer, span(mine, mine + mask))
+            tl.recv(t, peer, span(theirs, theirs + mask))
             mask, t = mask << 1, t + 1
     unfold(tl, t, count)
     return tl.schedule(count, count)
