@@ -117,10 +117,11 @@ class Call:
             self._in_place(size, rank)
         else:
             self._apart(size, rank)
-        out = self.out
-        if collective not in ("allgather", "bcast"):
+        out, reduces = self.out, collective not in ("allgather", "bcast")
+        if reduces:
             kernels.check_op(out.dtype, self.opname)
-        if name == MPI_NATIVE and not supports(out.dtype, self.opname):
+        if name == MPI_NATIVE and not (supports(out.dtype, self.opname) if reduces
+                                       else native_dtype_ok(out.dtype)):
             lacks = f"no {out.dtype} datatype" if not native_dtype_ok(out.dtype) else \
                 f"no {self.opname} on {out.dtype}"
             raise TypeError(f"algorithm='mpi' calls the MPI library, which has {lacks}; use "
