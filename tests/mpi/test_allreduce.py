@@ -126,6 +126,46 @@ def test_other_collectives():
         agree((RANK != root and red is None) or np.array_equal(red, total), f"reduce root={root}")
 
 
+#: each hand-written broadcast and reduce that needs no node layout, with the options that
+#: cut a vector of ``SEGMENTED`` elements into several pieces
+SEGMENTED = 4099
+PIECES = {"chain": {"segment_bytes": 8 * 512}, "binary_tree": {"chunk_bytes": 8 * 512}}
+FLAT = {c: [n for n, a in mlcomm.COLLECTIVES[c].items() if a.flat] for c in ("bcast", "reduce")}
+
+
+@pytest.mark.parametrize("name", FLAT["bcast"])
+def test_bcast_from_every_root_bit_for_bit(name):
+    """Random float64s from every root, at counts below p, that p does not divide, and in
+    several pipeline pieces: every rank ends with the root's bits."""
+    for count in sorted({max(P - 1, 1), 7 * P + 1, SEGMENTED}):
+        for root in range(P):
+            want = np.random.default_rng(count + root).standard_normal(count)
+            buf = want.copy() if RANK == root else np.zeros(count)
+            got = mlcomm.bcast(buf, root=root, algorithm=name, **PIECES.get(name, {}))
+            agree(got is buf and buf.tobytes() == want.tobytes(),
+                  f"{name} count={count} root={root}")
+
+
+@pytest.mark.parametrize("name", FLAT["reduce"])
+def test_reduce_to_every_root_exact_and_the_same_bits_each_run(name):
+    """Integers exact to every root, out of place and in place; random float64s reduce to
+    the same bits in every run."""
+    for count in sorted({max(P - 1, 1), 7 * P + 1, SEGMENTED}):
+        x = (np.arange(count, dtype=np.int64) * (RANK + 1)) ** 2 % 1009 - 500
+        want = np.empty_like(x)
+        COMM.Allreduce(x, want, MPI.SUM)
+        floats = np.random.default_rng(RANK).standard_normal(count)
+        for root in range(P):
+            options = dict(root=root, algorithm=name, **PIECES.get(name, {}))
+            got = mlcomm.reduce(x, **options)
+            buf = x.copy()
+            mine = mlcomm.reduce(mlcomm.IN_PLACE, buf, **options)
+            runs = [mlcomm.reduce(floats, **options) for _ in range(2)]
+            agree(got is None and mine is None if RANK != root else
+                  np.array_equal(got, want) and mine is buf and np.array_equal(buf, want)
+                  and runs[0].tobytes() == runs[1].tobytes(), f"{name} count={count} root={root}")
+
+
 def test_comm_drop_in_accepts_mpi4py_buffer_forms():
     comm = mlcomm.Comm(COMM, algorithm="ring")
     assert comm.Get_rank() == RANK and comm.Get_size() == P
