@@ -25,7 +25,7 @@ def _begin(rank, size, count, root):
 def binomial(rank, size, count, itemsize, root=0):
     """Binomial tree: ceil(log2 p) rounds; in round k every rank whose place counted from
     the root, (r - root) % p, is an odd multiple of 2^k sends its partial result to the
-    rank 2^k places before it, which adds it to its own: ranks in order from the root."""
+    rank 2^k places before it, which reduces it into its own: ranks in order from the root."""
     tl, mine, acc, free = _begin(rank, size, count, root)
     v, first = (rank - root) % size, True
     landing = Region(SCRATCH, free, count)
