@@ -162,6 +162,14 @@ def coalesced_and_point_to_point(async_op):
         cm2.wait()
     assert torch.equal(big, torch.arange(P, dtype=torch.float32).repeat_interleave(2)), big
     assert torch.equal(part, torch.arange(2.0 * P)[2 * R:2 * R + 2] * P), part
+    # torch's layout: output_tensor_lists[rank][input]
+    inputs = [torch.full((2,), float(R)), torch.full((3,), 10.0 + R)]
+    outputs = [[torch.empty_like(t) for t in inputs] for _ in range(P)]
+    gathered = dist.all_gather_coalesced(outputs, inputs, async_op=async_op)
+    if async_op:
+        gathered.wait()
+    for r, (first, second) in enumerate(outputs):
+        assert torch.all(first == r) and torch.all(second == 10 + r), outputs
     if P > 1:  # a ring: each rank sends to the next, receives from the previous
         got = torch.empty(4, dtype=torch.bfloat16)
         send = dist.isend(torch.full((4,), float(R), dtype=torch.bfloat16), (R + 1) % P)

@@ -149,7 +149,15 @@ class ProcessGroupMlcomm(dist.ProcessGroup, Comparison):
                         outputs, opts.asyncOp, after=copy_out)
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
-        works = [self.allgather([outs], [t], opts) for outs, t in zip(output_lists, input_tensors)]
+        """``output_lists[r][i]`` receives rank r's ``input_tensors[i]`` (torch's order)."""
+        if len(output_lists) != self._size or any(
+                len(outs) != len(input_tensors) for outs in output_lists):
+            raise ValueError(
+                f"all_gather_coalesced: output_tensor_lists must hold one list per rank "
+                f"({self._size}), each of one tensor per input ({len(input_tensors)}); got "
+                f"{[len(outs) for outs in output_lists]}")
+        works = [self.allgather([[outs[i] for outs in output_lists]], [t], opts)
+                 for i, t in enumerate(input_tensors)]
         return Work([t for outs in output_lists for t in outs],
                     [r for w in works for r in w._requests], works[-1]._future if works else None)
 
