@@ -93,6 +93,8 @@ class ProcessGroupMlcomm(dist.ProcessGroup, Comparison):
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
         t, reduce_op = tensors[0], opts.reduceOp
+        if t.layout == torch.sparse_coo:
+            return self._sparse_allreduce(tensors, reduce_op)
         key = (hash(reduce_op), t.dtype, t.shape)  # a ReduceOp hashes fast, its enum slowly
         known, blocking = self._known.get(key), not opts.asyncOp and not self._hooks
         if known is None or len(tensors) != 1 or not t.is_cpu or not t.is_contiguous():
@@ -112,6 +114,31 @@ class ProcessGroupMlcomm(dist.ProcessGroup, Comparison):
             return Work(tensors)
         return self._go("allreduce", described, problem, [("allreduce", IN_PLACE, t, op, 0)],
                         tensors, opts.asyncOp, **self._allreduce)
+
+    def _sparse_allreduce(self, tensors, reduce_op):
+        """A sparse COO tensor's sum, as gloo's: every rank's coalesced indices and values,
+        gathered in rank order, summed alike on every rank (the same bits), and copied into
+        the tensor. Compared across the ranks first, as every call is."""
+        t = tensors[0]
+        problem = None
+        if len(tensors) != 1:
+            problem = ValueError(f"all_reduce of sparse tensors: pass one tensor, not "
+                                 f"{len(tensors)}")
+        elif reduce_op.op != dist.ReduceOp.SUM:
+            problem = ValueError(f"all_reduce of a sparse tensor: only ReduceOp.SUM, not "
+                                 f"{reduce_op.op} (as gloo); densify it with .to_dense() for "
+                                 f"other ops")
+        elif t.device.type != "cpu":
+            problem = TypeError(f"all_reduce: a {t.device.type} sparse tensor; the mlcomm "
+                                f"backend takes CPU tensors (.cpu())")
+        described = f"all_reduce sparse {t.dtype} {tuple(t.shape)} sparse_dim {t.sparse_dim()}"
+        self.session.wait_started()
+        self._compare("all_reduce", described, problem)
+        mine = t.coalesce()
+        parts = self._check_comm.allgather((mine.indices(), mine.values()))
+        t.copy_(torch.sparse_coo_tensor(torch.cat([i for i, _ in parts], 1),
+                                        torch.cat([v for _, v in parts]), t.shape).coalesce())
+        return Work(tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or dist.AllreduceCoalescedOptions()
