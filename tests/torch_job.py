@@ -404,6 +404,19 @@ def errors():
     t = torch.ones(3)
     dist.all_reduce(t)  # the group works on after the errors
     assert torch.all(t == P), t
+    # a barrier that rank 0 alone enters raises there after the group's timeout (gloo's
+    # words: " Timed out "); its next barrier waits for the same ranks, which then come
+    late = dist.new_group(list(range(P)), timeout=timedelta(seconds=1))
+    if R == 0:
+        start = time.monotonic()
+        raises(lambda: dist.barrier(late), RuntimeError, " Timed out ", "barrier() again")
+        assert 1.0 <= time.monotonic() - start < 10, time.monotonic() - start
+    dist.barrier()
+    dist.barrier(late)
+    t = torch.full((2,), float(R))
+    dist.all_reduce(t, group=late)  # the group works on
+    assert torch.all(t == P * (P - 1) / 2), t
+    dist.destroy_process_group(late)
     # a group that rank 1 does not create: its other members raise within the timeout
     if R != 1:
         try:

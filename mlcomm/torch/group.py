@@ -47,11 +47,14 @@ def _bytes(tensor):
 
 class ProcessGroupMlcomm(dist.ProcessGroup, Comparison):
     """torch.distributed's process group over the MPI communicator ``comm`` (see the module
-    docstring); ``options``: an :class:`Options`."""
+    docstring); ``options``: an :class:`Options`; ``timeout``: the group's (a ``timedelta``),
+    within which a barrier whose ranks do not all come raises."""
 
-    def __init__(self, comm, options: Options | None = None):
+    def __init__(self, comm, options: Options | None = None, timeout=None):
         super().__init__(comm.Get_rank(), comm.Get_size())
         self.comm = comm
+        self._timeout = (timeout or dist.default_pg_timeout).total_seconds()
+        self._arrival = None  # the barrier's wait that timed out, which the next one resumes
         self._rank, self._size = comm.Get_rank(), comm.Get_size()
         # collective: every member creates the group together (a watched wait)
         self.session = session_of(comm, "the mlcomm backend's process group")
@@ -245,15 +248,36 @@ class ProcessGroupMlcomm(dist.ProcessGroup, Comparison):
 
     def barrier(self, opts=None):
         """Complete once every rank has entered it and every call started before it has
-        completed on this rank: the comparison across the ranks is the barrier."""
+        completed on this rank: the comparison across the ranks is the barrier. A blocking
+        one raises RuntimeError where the ranks have not all entered it within ``timeout=``
+        (else the group's timeout), as gloo's does."""
         opts = opts or dist.BarrierOptions()
         check = partial(self._compare, "barrier", "barrier", None)
         if opts.asyncOp:
             future = torch.futures.Future()
             return Work([], [self.session.start(partial(_settling, check, future))], future)
         self.session.wait_started()
+        seconds = opts.timeout.total_seconds()
+        self._arrive("barrier", seconds if seconds >= 0 else self._timeout)
         check()
         return Work([])
+
+    def _arrive(self, what, seconds):
+        """Wait until every rank has entered ``what`` (a barrier on the comparison's
+        communicator), or raise RuntimeError after ``seconds``: the next barrier on this
+        rank then waits for the same ranks (every rank's next collective must be that
+        barrier)."""
+        request, self._arrival = self._arrival or self._check_comm.Ibarrier(), None
+        start = time.monotonic()
+        while not request.Test():
+            waited = time.monotonic() - start
+            if waited > seconds:
+                self._arrival = request
+                raise RuntimeError(
+                    f"{what}: Timed out after {seconds:g} s, waiting for the ranks of the "
+                    f"group that have not entered it (the group's timeout, or timeout=); "
+                    f"call barrier() again on this rank to wait for them once more")
+            time.sleep(0 if waited < 1e-3 else 1e-4)
 
     # point to point
 
