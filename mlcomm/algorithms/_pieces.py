@@ -15,7 +15,7 @@ __all__ = [
     "segments", "gather_reduce", "scatter_results",
     "ring_reduce_scatter", "ring_allgather",
     "Tree", "binary_tree", "tree_reduce", "tree_bcast",
-    "fold", "unfold",
+    "fold", "real_rank", "halving", "unfold",
 ]
 
 
@@ -261,18 +261,20 @@ def tree_bcast(tl: Timeline, t0: int, tree: Tree, buf: Region, chunk: int) -> in
 
 # --- fold for non-power-of-two p (recursive doubling / halving) ---------------
 
-def fold(tl: Timeline, t: int, n: int) -> tuple[int | None, int, int, Region | None]:
+def fold(tl: Timeline, t: int, n: int, into: Region | None = None
+         ) -> tuple[int | None, int, int, Region | None]:
     """Fold p ranks onto the largest power of two p2 <= p.
 
     The first ``2*(p-p2)`` ranks pair up: even ranks send their vector to the
-    odd neighbour and sit out.  Returns ``(new_rank or None, p2, next slot,
+    odd neighbour and sit out; the odd one lands it in scratch and reduces it with its own
+    into ``into`` (default ``output``). Returns ``(new_rank or None, p2, next slot,
     contribution)``: the region holding this rank's (possibly folded) vector,
-    ``output`` after a fold, else ``input`` itself (nothing is copied).
+    ``into`` after a fold, else ``input`` itself (nothing is copied).
     """
     me, p = tl.rank, tl.size
     p2 = 1 << (p.bit_length() - 1)
     extra = p - p2
-    whole, own = Region(OUTPUT, 0, n), Region(INPUT, 0, n)
+    whole, own = into or Region(OUTPUT, 0, n), Region(INPUT, 0, n)
     if me < 2 * extra and me % 2 == 0:
         tl.send(t, me + 1, own)
         return None, p2, t + 1, None
@@ -290,8 +292,37 @@ def real_rank(new_rank: int, p: int) -> int:
     return 2 * new_rank + 1 if new_rank < extra else new_rank + extra
 
 
-def unfold(tl: Timeline, t: int, n: int) -> int:
-    """Send the result back to the ranks that sat out the fold."""
+def halving(tl: Timeline, t: int, new: int, p2: int, bounds, contrib: str, acc,
+            landing_at: int, result: Region | None = None) -> int:
+    """Recursive halving over the folded group of ``p2`` ranks, this rank ``new`` in it.
+
+    ``bounds`` are the p2+1 offsets of the group's chunks. Each round a rank sends its
+    partner the half of its window that the partner keeps, and reduces what it receives
+    into the half it keeps: new rank i ends with chunk i reduced. The first round reads
+    this rank's contribution from buffer ``contrib`` at the chunks' offsets;
+    ``acc(lo, hi)`` is the region of the partial sums of chunks lo..hi-1 (a window's halves
+    lie within it); incoming halves land in scratch at ``landing_at``; the last round
+    writes ``result`` (default ``acc`` of the last chunk). Returns the next free slot.
+    """
+    span = lambda lo, hi: Region(contrib, bounds[lo], bounds[hi] - bounds[lo])
+    lo, hi, mask = 0, p2, p2 >> 1
+    while mask:
+        peer = real_rank(new ^ mask, tl.size)
+        mid = (lo + hi) // 2
+        keep, give = ((mid, hi), (lo, mid)) if new & mask else ((lo, mid), (mid, hi))
+        kept = result if mask == 1 and result is not None else acc(*keep)
+        landing = Region(SCRATCH, landing_at, kept.count)
+        tl.send(t, peer, span(*give))
+        tl.recv(t, peer, landing)
+        tl.reduce(t, kept, landing, left=span(*keep))
+        lo, hi = keep
+        span, mask, t = acc, mask >> 1, t + 1
+    return t
+
+
+def unfold(tl: Timeline, t: int, n: int, sent: Region | None = None) -> int:
+    """Send the result back to the ranks that sat out the fold: ``sent`` (default the
+    whole ``output``) lands in their ``output``."""
     me, p = tl.rank, tl.size
     extra = p - (1 << (p.bit_length() - 1))
     whole = Region(OUTPUT, 0, n)
@@ -299,5 +330,5 @@ def unfold(tl: Timeline, t: int, n: int) -> int:
         if me % 2 == 0:
             tl.recv(t, me + 1, whole)
         else:
-            tl.send(t, me - 1, whole)
+            tl.send(t, me - 1, sent or whole)
     return t + 1

@@ -1,7 +1,7 @@
 """Rabenseifner's all-reduce: recursive-halving reduce-scatter, recursive-doubling all-gather."""
 
-from ..ir.schedule import OUTPUT, SCRATCH, Region, Timeline, chunk_bounds
-from ._pieces import fold, real_rank, unfold
+from ..ir.schedule import OUTPUT, Region, Timeline, chunk_bounds
+from ._pieces import fold, halving, real_rank, unfold
 from ._registry import register
 from .recursive_doubling import fold_cost
 
@@ -21,18 +21,9 @@ def build(rank, size, count, itemsize):
         bounds = chunk_bounds(count, p2)
         span = lambda buf, lo, hi: Region(buf, bounds[lo], bounds[hi] - bounds[lo])
         tl.need_scratch(count - bounds[p2 // 2] if p2 > 1 else 0)
-        lo, hi, mask = 0, p2, p2 >> 1
-        while mask:  # the first round reads the input itself: nothing is copied to output
-            peer = real_rank(new ^ mask, size)
-            mid = (lo + hi) // 2
-            keep, give = ((mid, hi), (lo, mid)) if new & mask else ((lo, mid), (mid, hi))
-            kept = span(OUTPUT, *keep)
-            landing = Region(SCRATCH, 0, kept.count)
-            tl.send(t, peer, span(contrib.buffer, *give))
-            tl.recv(t, peer, landing)
-            tl.reduce(t, kept, landing, left=span(contrib.buffer, *keep))
-            lo, hi = keep
-            contrib, mask, t = kept, mask >> 1, t + 1
+        # the first round reads the input itself: nothing is copied to output
+        t = halving(tl, t, new, p2, bounds, contrib.buffer,
+                    lambda lo, hi: span(OUTPUT, lo, hi), 0)
         if p2 == 1:  # p = 1: the result is the input
             tl.copy(t, Region(OUTPUT, 0, count), contrib)
         mask = 1
