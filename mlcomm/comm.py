@@ -54,8 +54,9 @@ class Comm(MPI.Intracomm):
     """``mlcomm.Comm(comm, algorithm=None)``: switch existing mpi4py code with one line.
 
     ``algorithm`` runs in each collective that has an algorithm of that name (``ring`` in
-    Allreduce, Reduce_scatter_block and Allgather; ``binary_tree`` in Bcast and Reduce;
-    ``mpi``, ``shared_memory`` and ``auto`` in all); the others run their ``auto``. None:
+    Allreduce, Reduce_scatter_block and Allgather; ``recursive_doubling`` in Allreduce and
+    Allgather; ``binary_tree`` and ``binomial`` in Bcast and Reduce; ``mpi``,
+    ``shared_memory`` and ``auto`` in all); the others run their ``auto``. None:
     ``MLCOMM_ALGORITHM``, else ``auto``. ``Dup``, ``Split`` and the other constructors
     return ``mlcomm.Comm`` objects with the same ``algorithm``.
     """

@@ -69,8 +69,29 @@ def test_other_collectives_exact(collective, p):
             roots = range(p) if collective in ("bcast", "reduce") else [0]
             for root in roots:
                 opts = {"root": root} if collective in ("bcast", "reduce") else {}
-                check_collective(build_schedules(name, p, count, collective=collective, **opts),
-                                 collective, root=root)
+                schedules = build_schedules(name, p, count, collective=collective, **opts)
+                check_collective(schedules, collective, root=root)
+                if collective == "reduce_scatter" and count == 17:
+                    check_collective(schedules, collective, in_place=True)
+
+
+GATHER_SCATTER = [("allgather", "recursive_doubling"), ("allgather", "bruck"),
+                  ("reduce_scatter", "recursive_halving"), ("reduce_scatter", "pairwise")]
+
+
+@pytest.mark.parametrize("collective,name", GATHER_SCATTER)
+def test_gather_scatter_schedules_exact_for_every_p(collective, name):
+    """Recursive doubling and Bruck's all-gather, recursive halving and pairwise
+    reduce-scatter are exact for every p = 1..64 (powers of two and the folds and hand-downs
+    between them), on an empty block and a random one; the reduce-scatters at every third
+    p in place too, where the output is the input's first block."""
+    rng = np.random.default_rng(51)
+    for p in range(1, 65):
+        for count in (0, int(rng.integers(1, 10))):
+            schedules = build_schedules(name, p, count, collective=collective)
+            check_collective(schedules, collective)
+            if collective == "reduce_scatter" and count and p % 3 == 0:
+                check_collective(schedules, collective, in_place=True)
 
 
 BCAST_REDUCE = [("bcast", "binomial"), ("bcast", "scatter_allgather"), ("bcast", "chain"),

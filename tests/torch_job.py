@@ -162,6 +162,22 @@ def coalesced_and_point_to_point(async_op):
         cm2.wait()
     assert torch.equal(big, torch.arange(P, dtype=torch.float32).repeat_interleave(2)), big
     assert torch.equal(part, torch.arange(2.0 * P)[2 * R:2 * R + 2] * P), part
+    # a sparse tensor's sum (as gloo's): rank r holds ones at 0..r of a (P, 2) tensor
+    sparse = torch.sparse_coo_tensor(torch.arange(R + 1).reshape(1, -1),
+                                     torch.ones(R + 1, 2), (P, 2))
+    work = dist.all_reduce(sparse, async_op=async_op)
+    if async_op:
+        assert work.wait() is True
+    want = torch.tensor([[P - i] * 2 for i in range(P)], dtype=torch.float32)
+    assert sparse.is_sparse and torch.equal(sparse.to_dense(), want), sparse
+    # torch's layout: output_tensor_lists[rank][input]
+    inputs = [torch.full((2,), float(R)), torch.full((3,), 10.0 + R)]
+    outputs = [[torch.empty_like(t) for t in inputs] for _ in range(P)]
+    gathered = dist.all_gather_coalesced(outputs, inputs, async_op=async_op)
+    if async_op:
+        gathered.wait()
+    for r, (first, second) in enumerate(outputs):
+        assert torch.all(first == r) and torch.all(second == 10 + r), outputs
     if P > 1:  # a ring: each rank sends to the next, receives from the previous
         got = torch.empty(4, dtype=torch.bfloat16)
         send = dist.isend(torch.full((4,), float(R), dtype=torch.bfloat16), (R + 1) % P)
@@ -366,6 +382,8 @@ def errors():
            "AVG", "int32")
     raises(lambda: dist.all_reduce(torch.ones(2), dist._make_nccl_premul_sum(2.0)),
            NotImplementedError, "PREMUL_SUM", "ReduceOp.SUM")
+    raises(lambda: dist.all_reduce(torch.ones(3).to_sparse(), Op.MAX), ValueError,
+           "sparse", "ReduceOp.SUM", ".to_dense()")
     raises(lambda: dist.gather(torch.ones(2), [torch.ones(2)] * P if R == 0 else None),
            NotImplementedError, "no gather", "all_gather", "backend='gloo'")
     # a problem on one rank only: that rank raises it, the others name it
@@ -386,6 +404,19 @@ def errors():
     t = torch.ones(3)
     dist.all_reduce(t)  # the group works on after the errors
     assert torch.all(t == P), t
+    # a barrier that rank 0 alone enters raises there after the group's timeout (gloo's
+    # words: " Timed out "); its next barrier waits for the same ranks, which then come
+    late = dist.new_group(list(range(P)), timeout=timedelta(seconds=1))
+    if R == 0:
+        start = time.monotonic()
+        raises(lambda: dist.barrier(late), RuntimeError, " Timed out ", "barrier() again")
+        assert 1.0 <= time.monotonic() - start < 10, time.monotonic() - start
+    dist.barrier()
+    dist.barrier(late)
+    t = torch.full((2,), float(R))
+    dist.all_reduce(t, group=late)  # the group works on
+    assert torch.all(t == P * (P - 1) / 2), t
+    dist.destroy_process_group(late)
     # a group that rank 1 does not create: its other members raise within the timeout
     if R != 1:
         try:

@@ -15,7 +15,7 @@ __all__ = [
     "segments", "chunks", "gather_reduce", "scatter_results",
     "ring_reduce_scatter", "ring_allgather",
     "Tree", "binary_tree", "tree_reduce", "tree_bcast", "binomial_transfers",
-    "fold", "real_rank", "unfold", "recursive_halving",
+    "fold", "real_rank", "halving", "unfold",
 ]
 
 
@@ -286,31 +286,29 @@ def binomial_transfers(p: int, v: int, down: bool):
 
 # --- fold for non-power-of-two p (recursive doubling / halving) ---------------
 
-def fold(tl: Timeline, t: int, n: int, shift: int = 0, acc: Region | None = None,
-         scratch_at: int = 0) -> tuple[int | None, int, int, Region | None]:
+def fold(tl: Timeline, t: int, n: int, into: Region | None = None, shift: int = 0
+         ) -> tuple[int | None, int, int, Region | None]:
     """Fold p ranks onto the largest power of two p2 <= p.
 
     Ranks count from ``shift``: rank r is ``(r - shift) % p`` here. The first
-    ``2*(p-p2)`` pair up: even ones send their vector to the odd neighbour and
-    sit out; the odd ones take it in at ``scratch_at`` in scratch and reduce
-    it into ``acc`` (default: the output). Returns ``(new_rank or None, p2,
-    next slot, contribution)``: the region holding this rank's (possibly
-    folded) vector, ``acc`` after a fold, else ``input`` itself (nothing is
-    copied).
+    ``2*(p-p2)`` pair up: even ones send their vector to the odd neighbour and sit out;
+    the odd one lands it in scratch and reduces it with its own into ``into`` (default
+    ``output``). Returns ``(new_rank or None, p2, next slot, contribution)``: the region
+    holding this rank's (possibly folded) vector, ``into`` after a fold, else ``input``
+    itself (nothing is copied).
     """
     p = tl.size
     me = (tl.rank - shift) % p
     p2 = 1 << (p.bit_length() - 1)
     extra = p - p2
-    whole = Region(OUTPUT, 0, n) if acc is None else acc
-    own, landing = Region(INPUT, 0, n), Region(SCRATCH, scratch_at, n)
+    whole, own = into or Region(OUTPUT, 0, n), Region(INPUT, 0, n)
     if me < 2 * extra and me % 2 == 0:
         tl.send(t, (tl.rank + 1) % p, own)
         return None, p2, t + 1, None
     if me < 2 * extra:
-        tl.need_scratch(scratch_at + n)
-        tl.recv(t, (tl.rank - 1) % p, landing)
-        tl.reduce(t, whole, landing, left=own)
+        tl.need_scratch(n)
+        tl.recv(t, (tl.rank - 1) % p, Region(SCRATCH, 0, n))
+        tl.reduce(t, whole, Region(SCRATCH, 0, n), left=own)
         return me // 2, p2, t + 1, whole
     return me - extra, p2, t + 1, own
 
@@ -322,8 +320,38 @@ def real_rank(new_rank: int, p: int, shift: int = 0) -> int:
     return ((2 * new_rank + 1 if new_rank < extra else new_rank + extra) + shift) % p
 
 
-def unfold(tl: Timeline, t: int, n: int) -> int:
-    """Send the result back to the ranks that sat out the fold."""
+def halving(tl: Timeline, t: int, new: int, p2: int, bounds, contrib: str, acc,
+            landing_at: int, result: Region | None = None, shift: int = 0) -> int:
+    """Recursive halving over the folded group of ``p2`` ranks, this rank ``new`` in it.
+
+    ``bounds`` are the p2+1 offsets of the group's chunks. Each round a rank sends its
+    partner the half of its window that the partner keeps, and reduces what it receives
+    into the half it keeps: new rank i ends with chunk i reduced. The first round reads
+    this rank's contribution from buffer ``contrib`` at the chunks' offsets;
+    ``acc(lo, hi)`` is the region of the partial sums of chunks lo..hi-1 (a window's halves
+    lie within it); incoming halves land in scratch at ``landing_at``; the last round
+    writes ``result`` (default ``acc`` of the last chunk); ranks count from ``shift``, as
+    in :func:`fold`. Returns the next free slot.
+    """
+    span = lambda lo, hi: Region(contrib, bounds[lo], bounds[hi] - bounds[lo])
+    lo, hi, mask = 0, p2, p2 >> 1
+    while mask:
+        peer = real_rank(new ^ mask, tl.size, shift)
+        mid = (lo + hi) // 2
+        keep, give = ((mid, hi), (lo, mid)) if new & mask else ((lo, mid), (mid, hi))
+        kept = result if mask == 1 and result is not None else acc(*keep)
+        landing = Region(SCRATCH, landing_at, kept.count)
+        tl.send(t, peer, span(*give))
+        tl.recv(t, peer, landing)
+        tl.reduce(t, kept, landing, left=span(*keep))
+        lo, hi = keep
+        span, mask, t = acc, mask >> 1, t + 1
+    return t
+
+
+def unfold(tl: Timeline, t: int, n: int, sent: Region | None = None) -> int:
+    """Send the result back to the ranks that sat out the fold: ``sent`` (default the
+    whole ``output``) lands in their ``output``."""
     me, p = tl.rank, tl.size
     extra = p - (1 << (p.bit_length() - 1))
     whole = Region(OUTPUT, 0, n)
@@ -331,31 +359,6 @@ def unfold(tl: Timeline, t: int, n: int) -> int:
         if me % 2 == 0:
             tl.recv(t, me + 1, whole)
         else:
-            tl.send(t, me - 1, whole)
+            tl.send(t, me - 1, sent or whole)
     return t + 1
 
-
-def recursive_halving(tl: Timeline, t: int, new: int, p2: int, contrib: Region, acc: Region,
-                      bounds, to_rank, scratch_at: int = 0) -> int:
-    """Reduce-scatter by recursive halving over the p2 ranks of a fold: rank ``new`` ends
-    with block ``new`` of ``acc`` (``bounds``: the p2+1 block offsets) reduced.
-
-    Each round a rank keeps half its window of blocks, sends the other half to its partner
-    ``new ^ mask`` (``to_rank`` maps it to its rank) and reduces what it receives, landing
-    in scratch at ``scratch_at``, into ``acc``; the first round reads ``contrib`` (this
-    rank's vector) itself. Returns the next slot.
-    """
-    span = lambda region, lo, hi: region.sub(bounds[lo], bounds[hi] - bounds[lo])
-    tl.need_scratch(scratch_at + (bounds[p2] - bounds[p2 // 2] if p2 > 1 else 0))
-    lo, hi, mask = 0, p2, p2 >> 1
-    while mask:
-        peer = to_rank(new ^ mask)
-        mid = (lo + hi) // 2
-        keep, give = ((mid, hi), (lo, mid)) if new & mask else ((lo, mid), (mid, hi))
-        kept = span(acc, *keep)
-        tl.send(t, peer, span(contrib, *give))
-        tl.recv(t, peer, Region(SCRATCH, scratch_at, kept.count))
-        tl.reduce(t, kept, Region(SCRATCH, scratch_at, kept.count), left=span(contrib, *keep))
-        lo, hi = keep
-        contrib, mask, t = acc, mask >> 1, t + 1
-    return t

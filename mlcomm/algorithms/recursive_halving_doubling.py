@@ -1,7 +1,7 @@
 """Rabenseifner's all-reduce: recursive-halving reduce-scatter, recursive-doubling all-gather."""
 
 from ..ir.schedule import OUTPUT, Region, Timeline, chunk_bounds
-from ._pieces import fold, real_rank, recursive_halving, unfold
+from ._pieces import fold, halving, real_rank, unfold
 from ._registry import register
 from .recursive_doubling import fold_cost
 
@@ -19,20 +19,21 @@ def build(rank, size, count, itemsize):
     new, p2, t, contrib = fold(tl, 0, count)
     if new is not None:
         bounds = chunk_bounds(count, p2)
-        whole = Region(OUTPUT, 0, count)
-        span = lambda lo, hi: whole.sub(bounds[lo], bounds[hi] - bounds[lo])
-        t = recursive_halving(tl, t, new, p2, contrib, whole, bounds,
-                              lambda q: real_rank(q, size))
+        span = lambda buf, lo, hi: Region(buf, bounds[lo], bounds[hi] - bounds[lo])
+        tl.need_scratch(count - bounds[p2 // 2] if p2 > 1 else 0)
+        # the first round reads the input itself: nothing is copied to output
+        t = halving(tl, t, new, p2, bounds, contrib.buffer,
+                    lambda lo, hi: span(OUTPUT, lo, hi), 0)
         if p2 == 1:  # p = 1: the result is the input
-            tl.copy(t, whole, contrib)
+            tl.copy(t, Region(OUTPUT, 0, count), contrib)
         mask = 1
         while mask < p2:
             peer_new = new ^ mask
             mine = (new // mask) * mask
             theirs = (peer_new // mask) * mask
             peer = real_rank(peer_new, size)
-            tl.send(t, peer, span(mine, mine + mask))
-            tl.recv(t, peer, span(theirs, theirs + mask))
+            tl.send(t, peer, span(OUTPUT, mine, mine + mask))
+            tl.recv(t, peer, span(OUTPUT, theirs, theirs + mask))
             mask, t = mask << 1, t + 1
     unfold(tl, t, count)
     return tl.schedule(count, count)

@@ -7,15 +7,15 @@ from one run to the next.
 
 from ..ir.schedule import INPUT, OUTPUT, SCRATCH, Region, Timeline, chunk_bounds
 from ._common import check_int, log2ceil
-from ._pieces import binomial_transfers, fold, real_rank, recursive_halving
+from ._pieces import binomial_transfers, fold, halving, real_rank
 from ._registry import register
 
 __all__ = ["binomial", "rabenseifner"]
 
 
 def _begin(rank, size, count, root):
-    """The timeline, this rank's input, and where it accumulates: the root's output, else
-    scratch from 0 (the scratch after it is free)."""
+    """The timeline, this rank's input, where it accumulates (the root's output, else
+    scratch from 0) and the first free element of scratch after that."""
     check_int("root", root, 0, size - 1, "root must be a rank of the communicator")
     at_root = rank == root
     return Timeline(rank, size), Region(INPUT, 0, count), \
@@ -53,19 +53,19 @@ def rabenseifner(rank, size, count, itemsize, root=0):
     """
     tl, mine, acc, free = _begin(rank, size, count, root)
     shift = (root + 1) % size
-    new, p2, t, contrib = fold(tl, 0, count, shift, acc, free)
+    new, p2, t, contrib = fold(tl, 0, count, acc, shift)
     if new is None:
         return tl.schedule(count, 0)
-    tl.need_scratch(free)
     bounds = chunk_bounds(count, p2)
-    to_rank = lambda q: real_rank(q, size, shift)
-    t = recursive_halving(tl, t, new, p2, contrib, acc, bounds, to_rank, free)
+    tl.need_scratch(free + (count - bounds[p2 // 2] if p2 > 1 else 0))
+    blocks = lambda lo, hi: acc.sub(bounds[lo], bounds[hi] - bounds[lo])
+    t = halving(tl, t, new, p2, bounds, contrib.buffer, blocks, free, shift=shift)
     if size == 1:
         tl.copy(t, acc, mine)
     last = p2 - 1  # the root's number: the gather tree counts u = last - q from it
     for k, u, lo, hi, receives in binomial_transfers(p2, new ^ last, down=False):
-        blocks = acc.sub(bounds[p2 - hi], bounds[p2 - lo] - bounds[p2 - hi])
-        (tl.recv if receives else tl.send)(t + k, to_rank(u ^ last), blocks)
+        (tl.recv if receives else tl.send)(t + k, real_rank(u ^ last, size, shift),
+                                           blocks(p2 - hi, p2 - lo))
     return tl.schedule(count, count if rank == root else 0)
 
 

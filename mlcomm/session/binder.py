@@ -84,12 +84,14 @@ def _host(session, call, own=False, own_output=False) -> BoundCall:
                       error)
     inp, out, name, options = call.inp, call.out, call.name, call.options
     dtype, opname, collective = out.dtype, call.opname, call.collective
+    held = None  # the binding whose output holds this call's result
     if name == AUTO:  # an all-reduce's trial runs on its host arrays
         host = collective == "allreduce" and type(inp) is np.ndarray and \
             type(out) is np.ndarray
         name, options = agreed_choice(session, collective, call.count, dtype, opname,
                                       device=isinstance(out, DeviceVector),
                                       buffers=(inp, out) if host else None)
+        held, session.held_result = session.held_result, None
     if name == MPI_NATIVE and isinstance(out, DeviceVector):
         run, binding = partial(native_call, collective, session.comm, inp, out, opname,
                                call.root, overlap=overlap, copy=_copy, buffer=_native_buffer,
@@ -101,7 +103,8 @@ def _host(session, call, own=False, own_output=False) -> BoundCall:
                         call.offset)
         binding = session.own_binding(plan, inp, out) if own else \
             cache.binding(session, plan, inp, out)
-        run = binding.run
+        # the trial's last run was this call's, on this binding: its output holds the result
+        run = _nothing if binding is held else binding.run
     finish = None
     if opname == "avg" and (collective != "reduce" or session.rank == call.root):
         finish = partial(_finalize, out, opname, session.size)
@@ -116,6 +119,10 @@ def _host(session, call, own=False, own_output=False) -> BoundCall:
                        remembers(result, call.sendbuf, call.recvbuf))
     return BoundCall(session, call, run, binding, finish, result, fresh=own_out, keeps=keeps,
                      later=later)
+
+
+def _nothing():
+    """The run of a call whose output holds its result already."""
 
 
 def _own_output(session, collective, sendbuf, op, comm, algorithm, root, options):

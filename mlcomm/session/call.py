@@ -117,11 +117,12 @@ class Call:
             self._in_place(size, rank)
         else:
             self._apart(size, rank)
-        out, reduces = self.out, collective not in ("allgather", "bcast")
-        if reduces:
+        out = self.out
+        moves_only = collective in ("allgather", "bcast")  # no op: only the datatype counts
+        if not moves_only:
             kernels.check_op(out.dtype, self.opname)
-        if name == MPI_NATIVE and not (supports(out.dtype, self.opname) if reduces
-                                       else native_dtype_ok(out.dtype)):
+        if name == MPI_NATIVE and not (native_dtype_ok(out.dtype) if moves_only
+                                       else supports(out.dtype, self.opname)):
             lacks = f"no {out.dtype} datatype" if not native_dtype_ok(out.dtype) else \
                 f"no {self.opname} on {out.dtype}"
             raise TypeError(f"algorithm='mpi' calls the MPI library, which has {lacks}; use "

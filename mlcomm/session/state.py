@@ -77,6 +77,9 @@ class Session:
         self.choices: dict = {}  # auto's, by call layout and size band (remember_choice)
         self.checked_options: set = set()  # algorithm options an empty build accepted
         self.trials: dict = {}  # what auto's trials timed, by size band
+        #: the binding auto's trial kept whose last run was the call's own (its output
+        #: holds the call's result): the call does not run it again
+        self.held_result = None
         self.handles = weakref.WeakSet()
         self.call_keys: set = set()  # this session's keys in the memo
         self.progress = None  # the progress thread, once a non-blocking call starts one

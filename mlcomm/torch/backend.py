@@ -48,4 +48,4 @@ def create(backend_options, options=None):
     if options is not None and not isinstance(options, Options):
         raise TypeError(f"pg_options of the mlcomm backend: pass mlcomm.torch.Options(...), "
                         f"not {type(options).__name__}")
-    return ProcessGroupMlcomm(communicator(backend_options), options)
+    return ProcessGroupMlcomm(communicator(backend_options), options, backend_options.timeout)

@@ -47,11 +47,14 @@ def _bytes(tensor):
 
 class ProcessGroupMlcomm(dist.ProcessGroup, Comparison):
     """torch.distributed's process group over the MPI communicator ``comm`` (see the module
-    docstring); ``options``: an :class:`Options`."""
+    docstring); ``options``: an :class:`Options`; ``timeout``: the group's (a ``timedelta``),
+    within which a barrier whose ranks do not all come raises."""
 
-    def __init__(self, comm, options: Options | None = None):
+    def __init__(self, comm, options: Options | None = None, timeout=None):
         super().__init__(comm.Get_rank(), comm.Get_size())
         self.comm = comm
+        self._timeout = (timeout or dist.default_pg_timeout).total_seconds()
+        self._arrival = None  # the barrier's wait that timed out, which the next one resumes
         self._rank, self._size = comm.Get_rank(), comm.Get_size()
         # collective: every member creates the group together (a watched wait)
         self.session = session_of(comm, "the mlcomm backend's process group")
@@ -93,6 +96,8 @@ class ProcessGroupMlcomm(dist.ProcessGroup, Comparison):
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
         t, reduce_op = tensors[0], opts.reduceOp
+        if t.layout == torch.sparse_coo:
+            return self._sparse_allreduce(tensors, reduce_op)
         key = (hash(reduce_op), t.dtype, t.shape)  # a ReduceOp hashes fast, its enum slowly
         known, blocking = self._known.get(key), not opts.asyncOp and not self._hooks
         if known is None or len(tensors) != 1 or not t.is_cpu or not t.is_contiguous():
@@ -112,6 +117,31 @@ class ProcessGroupMlcomm(dist.ProcessGroup, Comparison):
             return Work(tensors)
         return self._go("allreduce", described, problem, [("allreduce", IN_PLACE, t, op, 0)],
                         tensors, opts.asyncOp, **self._allreduce)
+
+    def _sparse_allreduce(self, tensors, reduce_op):
+        """A sparse COO tensor's sum, as gloo's: every rank's coalesced indices and values,
+        gathered in rank order, summed alike on every rank (the same bits), and copied into
+        the tensor. Compared across the ranks first, as every call is."""
+        t = tensors[0]
+        problem = None
+        if len(tensors) != 1:
+            problem = ValueError(f"all_reduce of sparse tensors: pass one tensor, not "
+                                 f"{len(tensors)}")
+        elif reduce_op.op != dist.ReduceOp.SUM:
+            problem = ValueError(f"all_reduce of a sparse tensor: only ReduceOp.SUM, not "
+                                 f"{reduce_op.op} (as gloo); densify it with .to_dense() for "
+                                 f"other ops")
+        elif t.device.type != "cpu":
+            problem = TypeError(f"all_reduce: a {t.device.type} sparse tensor; the mlcomm "
+                                f"backend takes CPU tensors (.cpu())")
+        described = f"all_reduce sparse {t.dtype} {tuple(t.shape)} sparse_dim {t.sparse_dim()}"
+        self.session.wait_started()
+        self._compare("all_reduce", described, problem)
+        mine = t.coalesce()
+        parts = self._check_comm.allgather((mine.indices(), mine.values()))
+        t.copy_(torch.sparse_coo_tensor(torch.cat([i for i, _ in parts], 1),
+                                        torch.cat([v for _, v in parts]), t.shape).coalesce())
+        return Work(tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or dist.AllreduceCoalescedOptions()
@@ -149,7 +179,15 @@ class ProcessGroupMlcomm(dist.ProcessGroup, Comparison):
                         outputs, opts.asyncOp, after=copy_out)
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
-        works = [self.allgather([outs], [t], opts) for outs, t in zip(output_lists, input_tensors)]
+        """``output_lists[r][i]`` receives rank r's ``input_tensors[i]`` (torch's order)."""
+        if len(output_lists) != self._size or any(
+                len(outs) != len(input_tensors) for outs in output_lists):
+            raise ValueError(
+                f"all_gather_coalesced: output_tensor_lists must hold one list per rank "
+                f"({self._size}), each of one tensor per input ({len(input_tensors)}); got "
+                f"{[len(outs) for outs in output_lists]}")
+        works = [self.allgather([[outs[i] for outs in output_lists]], [t], opts)
+                 for i, t in enumerate(input_tensors)]
         return Work([t for outs in output_lists for t in outs],
                     [r for w in works for r in w._requests], works[-1]._future if works else None)
 
@@ -210,15 +248,36 @@ class ProcessGroupMlcomm(dist.ProcessGroup, Comparison):
 
     def barrier(self, opts=None):
         """Complete once every rank has entered it and every call started before it has
-        completed on this rank: the comparison across the ranks is the barrier."""
+        completed on this rank: the comparison across the ranks is the barrier. A blocking
+        one raises RuntimeError where the ranks have not all entered it within ``timeout=``
+        (else the group's timeout), as gloo's does."""
         opts = opts or dist.BarrierOptions()
         check = partial(self._compare, "barrier", "barrier", None)
         if opts.asyncOp:
             future = torch.futures.Future()
             return Work([], [self.session.start(partial(_settling, check, future))], future)
         self.session.wait_started()
+        seconds = opts.timeout.total_seconds()
+        self._arrive("barrier", seconds if seconds >= 0 else self._timeout)
         check()
         return Work([])
+
+    def _arrive(self, what, seconds):
+        """Wait until every rank has entered ``what`` (a barrier on the comparison's
+        communicator), or raise RuntimeError after ``seconds``: the next barrier on this
+        rank then waits for the same ranks (every rank's next collective must be that
+        barrier)."""
+        request, self._arrival = self._arrival or self._check_comm.Ibarrier(), None
+        start = time.monotonic()
+        while not request.Test():
+            waited = time.monotonic() - start
+            if waited > seconds:
+                self._arrival = request
+                raise RuntimeError(
+                    f"{what}: Timed out after {seconds:g} s, waiting for the ranks of the "
+                    f"group that have not entered it (the group's timeout, or timeout=); "
+                    f"call barrier() again on this rank to wait for them once more")
+            time.sleep(0 if waited < 1e-3 else 1e-4)
 
     # point to point
 

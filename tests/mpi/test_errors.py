@@ -65,6 +65,18 @@ def test_mpi_algorithm_with_a_dtype_mpi_lacks():
     agree(mlcomm.allreduce(bf16, algorithm="ring")[0] == P)
 
 
+def test_mpi_algorithm_moves_the_bools_it_cannot_reduce():
+    """The library's allgather and bcast move C bools; its reductions of them take only the
+    logical ops, not the bitwise ones."""
+    flags = np.array([True, False, RANK % 2 == 0])
+    want = np.concatenate([[True, False, r % 2 == 0] for r in range(P)])
+    agree(np.array_equal(mlcomm.allgather(flags, algorithm="mpi"), want), "allgather")
+    got = mlcomm.bcast(flags.copy(), root=P - 1, algorithm="mpi")
+    agree(np.array_equal(got, [True, False, (P - 1) % 2 == 0]), "bcast")
+    with pytest.raises(TypeError, match="no bxor on bool.*'ring'"):
+        mlcomm.allreduce(flags, op="bxor", algorithm="mpi")
+
+
 def test_non_intra_communicator():
     with pytest.raises(TypeError, match="intracommunicator"):
         mlcomm.allreduce(np.ones(4), comm=object())

@@ -586,7 +586,7 @@ def test_mlcomm_algorithm_names_the_default_of_the_collectives_that_have_it(monk
     agree(same(buf, x - RANK), "bcast")
     top = mlcomm.reduce(x, comm=comm)
     agree(same(top, want) if RANK == 0 else top is None, "reduce")
-    for name in ("naive", "recursive_doubling"):  # names only the all-reduce has
+    for name in ("naive", "recursive_doubling"):  # names the reduce-scatter has not
         comm.Free()
         monkeypatch.setenv("MLCOMM_ALGORITHM", name)
         comm = COMM.Dup()

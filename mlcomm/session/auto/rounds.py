@@ -38,17 +38,19 @@ def round_period(n) -> int:
 
 def _rounds(session, bindings, alive, basis, budget, coming, elapsed, began, sync,
             probed) -> tuple:
-    """``(alive, estimate, calls, elapsed)`` after the rounds of the candidates ``alive``
+    """``(alive, estimate, calls, elapsed, last)`` after the rounds of the candidates ``alive``
     (indices into ``bindings``), whose calls first took ``basis``: each round times a block
     of each (:func:`_round`) and drops those whose median is :data:`~.tuning.TRIAL_DROP`
     slower than the best, until one is left, :data:`~.tuning.TRIAL_ROUNDS` are done or the
     ``budget`` less its :data:`~.tuning.TRIAL_RESERVE`, the call to come (``coming``) and
     the ``elapsed`` seconds would not hold another call of each (where no probe ran, after
     :data:`~.tuning.TRIAL_MIN_ROUNDS` at least). ``estimate`` is each one's median (its
-    ``basis`` where no round ran), ``calls`` the timed calls each made."""
+    ``basis`` where no round ran), ``calls`` the timed calls each made, ``last`` the
+    candidate that ran last (None where no round ran)."""
     samples = {i: [] for i in alive}
     estimate = basis.copy()
     calls = np.zeros(len(basis), np.int64)
+    last = None  # the candidate that ran last
     for r in range(tuning.TRIAL_ROUNDS):
         # a call of each, and the untimed call before a short block
         one_each = sum(estimate[i] * (1 + (estimate[i] * tuning.TRIAL_BLOCK_CALLS
@@ -56,7 +58,7 @@ def _rounds(session, bindings, alive, basis, budget, coming, elapsed, began, syn
         left = (1 - tuning.TRIAL_RESERVE) * budget - coming - elapsed
         if len(alive) == 1 or left < one_each and (probed or r >= tuning.TRIAL_MIN_ROUNDS):
             break
-        times, counts = _round(bindings, alive, estimate, r, left, sync)
+        times, counts, last = _round(bindings, alive, estimate, r, left, sync)
         times, elapsed = _slowest(session, times, began)
         for i in alive:
             samples[i].append(times[i])
@@ -64,20 +66,22 @@ def _rounds(session, bindings, alive, basis, budget, coming, elapsed, began, syn
             calls[i] += counts[i]
         best = min(estimate[i] for i in alive)
         alive = [i for i in alive if estimate[i] <= tuning.TRIAL_DROP * best]
-    return alive, estimate, calls, elapsed
+    return alive, estimate, calls, elapsed, last
 
 
 def _round(bindings, alive, estimate, r, left, sync) -> tuple:
-    """``(times, counts)`` of round ``r``: a block of calls of each candidate ``alive``, in
-    :func:`round_order` (interleaved: drift hits them all), each after the ranks line up,
-    its share of the ``left`` seconds (at least :data:`~.tuning.TRIAL_BLOCK_SECONDS`), and
-    after an untimed call where it holds fewer than :data:`~.tuning.TRIAL_BLOCK_CALLS`; this
-    rank's seconds a call."""
+    """``(times, counts, last)`` of round ``r``: a block of calls of each candidate
+    ``alive``, in :func:`round_order` (interleaved: drift hits them all), each after the
+    ranks line up, its share of the ``left`` seconds (at least
+    :data:`~.tuning.TRIAL_BLOCK_SECONDS`), and after an untimed call where it holds fewer
+    than :data:`~.tuning.TRIAL_BLOCK_CALLS`; this rank's seconds a call, and the candidate
+    that ran last."""
     block = max(tuning.TRIAL_BLOCK_SECONDS, left / (tuning.TRIAL_ROUNDS - r) / len(alive))
     block = max(tuning.TRIAL_BLOCK_SECONDS, min(block, left / len(alive)))
     times = np.zeros(len(estimate))
     counts = {i: max(1, int(block // estimate[i])) for i in alive}
-    for i in round_order(alive, r):
+    order = round_order(alive, r)
+    for i in order:
         sync()
         if counts[i] < tuning.TRIAL_BLOCK_CALLS:
             bindings[i].run()
@@ -85,7 +89,7 @@ def _round(bindings, alive, estimate, r, left, sync) -> tuple:
         for _ in range(counts[i]):
             bindings[i].run()
         times[i] = (time.perf_counter() - start) / counts[i]
-    return times, counts
+    return times, counts, order[-1]
 
 
 def trial_pick(options, typical) -> int:

@@ -102,7 +102,7 @@ def _measure(session, trial, count, dtype, op, arena, n, began) -> tuple:
     bindings, kept = {}, None
     try:
         order = _calling_order(trial, probed, settling)
-        first, warmed, setup, elapsed = _first_calls(
+        first, warmed, setup, elapsed, last = _first_calls(
             session, arena, [plans[entry] for entry in trial], n, bindings, settling, warm,
             began, order, [probed.get(entry) for entry in trial])
         # setting up only adds to a first call: where it was the faster, it stands
@@ -114,9 +114,10 @@ def _measure(session, trial, count, dtype, op, arena, n, began) -> tuple:
         ranked = np.argsort(basis, kind="stable")
         keeps = arena.calls and n == count
         coming = basis[ranked[0]] if keeps else setup[ranked[0]] + first[ranked[0]]
-        alive, estimate, calls, elapsed = _rounds(
+        alive, estimate, calls, elapsed, ran = _rounds(
             session, bindings, _contenders(ranked, basis, warmed, settling), basis, budget,
             coming, elapsed, began, sync, bool(probes))
+        last = last if ran is None else ran
         pick = alive[trial_pick([trial[i][1] for i in alive], [estimate[i] for i in alive])]
         kept = bindings.pop(pick) if keeps else None
     finally:
@@ -124,6 +125,10 @@ def _measure(session, trial, count, dtype, op, arena, n, began) -> tuple:
             binding.free()
     if kept is not None and not session.keep_binding(kept, arena.scratch.nbytes):
         kept.free()
+    elif kept is not None and last == pick and arena.alias is None:
+        # out of place, the pick ran last on the call's own buffers: its output holds the
+        # call's result, which the call then need not compute again
+        session.held_result = kept
     _recorded(session, record, trial, first, warm, warmed, calls, estimate, pick,
               count * dtype.itemsize, n * dtype.itemsize)
     return _decided(session, count, dtype, op, record, trial[pick], elapsed, budget)
@@ -210,9 +215,10 @@ def _calling_order(trial, probed, settling) -> list:
 
 def _first_calls(session, arena, plans, n, bindings, settling, warm, began, order,
                  scaled) -> tuple:
-    """``(first, warmed, setup, elapsed)``, the slowest rank's: each plan's first call on
+    """``(first, warmed, setup, elapsed, last)``, the slowest rank's: each plan's first call on
     ``n`` elements, its fastest of ``warm`` calls after a pass over the window's areas, its
-    binding's seconds, and the trial's seconds so far; the plans are called in ``order``.
+    binding's seconds, and the trial's seconds so far, and the plan that ran last; the
+    plans are called in ``order``.
     ``scaled``: each plan's probe time scaled to the size (None where no probe ran). After
     a probe, a plan but the first called, the model's favourite (0: a probe on a sixteenth
     can misjudge it) unless the library's, and those ``settling`` is called only where the
@@ -237,7 +243,7 @@ def _first_calls(session, arena, plans, n, bindings, settling, warm, began, orde
     # agreeing on it lines the ranks up
     passes = _everywhere(session, np.array([bindings[i].rotations - 1
                                             for i in range(len(plans))], np.int64))
-    probed = bool(plans) and scaled[0] is not None
+    probed, last = bool(plans) and scaled[0] is not None, None
     # the model's favourite is called however the probe timed it, unless the library's
     # (whose model is the best of two of mlcomm's own: it knows nothing the others' do not)
     kept = settling | ({0} if probed and plans[0].algorithm != MPI_NATIVE else set())
@@ -251,7 +257,7 @@ def _first_calls(session, arena, plans, n, bindings, settling, warm, began, orde
             if i not in kept and elapsed + fastest + tuning.TRIAL_FIRST_CALLS * \
                     scaled[i] > tuning.TRIAL_STEADY * fastest + tuning.TRIAL_FLOOR:
                 continue  # the budget does not hold it
-        first[i] = _timed(bindings[i].run)
+        first[i], last = _timed(bindings[i].run), i
         if probed:
             first[i] = _slowest(session, first[i:i + 1], began)[0][0]
             if i not in settling and first[i] >= tuning.TRIAL_SLOW_FIRST * fastest:
@@ -261,7 +267,7 @@ def _first_calls(session, arena, plans, n, bindings, settling, warm, began, orde
         basis[i] = min(_timed(bindings[i].run) for _ in range(warm))
     both, elapsed = _slowest(session, np.concatenate([first, basis, setup]), began)
     first, warmed, setup = np.split(both, 3)
-    return first, warmed, setup, elapsed
+    return first, warmed, setup, elapsed, last
 
 
 def _contenders(ranked, basis, warmed, settling) -> list:
