@@ -215,15 +215,14 @@ def _calling_order(trial, probed, settling) -> list:
 
 def _first_calls(session, arena, plans, n, bindings, settling, warm, began, order,
                  scaled) -> tuple:
-    """``(first, warmed, setup, elapsed, last)``, the slowest rank's: each plan's first call on
-    ``n`` elements, its fastest of ``warm`` calls after a pass over the window's areas, its
-    binding's seconds, and the trial's seconds so far, and the plan that ran last; the
-    plans are called in ``order``.
-    ``scaled``: each plan's probe time scaled to the size (None where no probe ran). After
-    a probe, a plan but the first called, the model's favourite (0: a probe on a sixteenth
-    can misjudge it) unless the library's, and those ``settling`` is called only where the
-    budget
-    as it stands (:data:`~.tuning.TRIAL_STEADY` of the fastest call so far plus
+    """``(first, warmed, setup, elapsed, last)``, the slowest rank's: each plan's first
+    call on ``n`` elements, its fastest of ``warm`` calls after a pass over the window's
+    areas, its binding's seconds, the trial's seconds so far, and the plan that ran last;
+    the plans are called in ``order``. ``scaled``: each plan's probe time scaled to the
+    size (None where no probe ran). After a probe, a plan (but the first called, the
+    model's favourite unless the library's: a probe on a sixteenth can misjudge it, and
+    those ``settling``) is called only where the budget as it stands
+    (:data:`~.tuning.TRIAL_STEADY` of the fastest call so far plus
     :data:`~.tuning.TRIAL_FLOOR`), less the seconds so far and a call of the fastest to
     come, holds :data:`~.tuning.TRIAL_FIRST_CALLS` of its scaled probe time (else its
     first call is inf), and is not called again where its first call took
@@ -246,7 +245,7 @@ def _first_calls(session, arena, plans, n, bindings, settling, warm, began, orde
     probed, last = bool(plans) and scaled[0] is not None, None
     # the model's favourite is called however the probe timed it, unless the library's
     # (whose model is the best of two of mlcomm's own: it knows nothing the others' do not)
-    kept = settling | ({0} if probed and plans[0].algorithm != MPI_NATIVE else set())
+    exempt = settling | ({0} if probed and plans[0].algorithm != MPI_NATIVE else set())
     for k, i in enumerate(order):
         done, fastest = order[:k], np.inf
         if probed and k:  # every rank decides on the slowest rank's times
@@ -254,7 +253,7 @@ def _first_calls(session, arena, plans, n, bindings, settling, warm, began, orde
                                      began)
             first[done], basis[done] = np.split(both, 2)
             fastest = np.minimum(first[done], basis[done]).min()
-            if i not in kept and elapsed + fastest + tuning.TRIAL_FIRST_CALLS * \
+            if i not in exempt and elapsed + fastest + tuning.TRIAL_FIRST_CALLS * \
                     scaled[i] > tuning.TRIAL_STEADY * fastest + tuning.TRIAL_FLOOR:
                 continue  # the budget does not hold it
         first[i], last = _timed(bindings[i].run), i
