@@ -28,7 +28,8 @@ def _trial(session, trial, count, dtype, op, buffers=None, began=None) -> tuple:
 
     The trial, set-up included, aims at a budget: :data:`TRIAL_STEADY` calls of its fastest
     candidate plus :data:`TRIAL_FLOOR` seconds, counted from ``began`` (the call's start,
-    by default now) less the session's set-up and loading the transports' compiled code. From :data:`TRIAL_PROBE_BYTES` on, the
+    by default now) less the session's set-up and loading the transports' compiled code.
+    From :data:`TRIAL_PROBE_BYTES` on, the
     candidates are first timed on a sixteenth of the size (:func:`_probe`), which leaves the
     fastest of each way of moving data (:func:`_way`) within :data:`TRIAL_WAY_PRUNE` of the
     fastest, then the fastest of the rest up to :data:`TRIAL_FINALISTS` in all and more
@@ -39,9 +40,8 @@ def _trial(session, trial, count, dtype, op, buffers=None, began=None) -> tuple:
     size; once the ranks are lined up, each is called once (after a probe, the fastest
     probed first and the library's calls last, unless settling; one but the first called,
     the model's favourite (unless the library's) and a settling library call only where
-    the budget as it stands,
-    less the seconds spent and a call to come, holds :data:`TRIAL_FIRST_CALLS` of its probe
-    time scaled to the size), then
+    the budget as it stands, less the seconds spent and a call to come, holds
+    :data:`TRIAL_FIRST_CALLS` of its probe time scaled to the size), then
     once on each other area of
     the window where it rotates (as often on every rank: a node of one rank does not rotate;
     a first call on an area is slow), then
