@@ -96,6 +96,8 @@ class Algorithm:
 
 COLLECTIVES: dict[str, dict[str, Algorithm]] = {
     "allreduce": {}, "reduce_scatter": {}, "allgather": {}, "bcast": {}, "reduce": {},
+    "gather": {}, "scatter": {}, "alltoall": {},
+    "allgatherv": {}, "reduce_scatter_v": {}, "gatherv": {}, "scatterv": {}, "alltoallv": {},
 }
 ALGORITHMS = COLLECTIVES["allreduce"]
 

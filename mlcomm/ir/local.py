@@ -250,34 +250,54 @@ def tagged_inputs(p, counts, seed=0):
     return [rng.integers(0, 2**63, size=n, dtype=np.uint64) for n in counts]
 
 
-def _expected(collective, p, inputs, root):
+def _expected(collective, p, inputs, root, counts=None):
+    """Every rank's exact output (None where it has none); ``counts`` as
+    :func:`check_collective` takes them."""
     total = lambda rows: np.add.reduce(np.stack(rows), axis=0)
     if collective in ("allreduce", "reduce"):
         result = total(inputs)
         return [result if collective == "allreduce" or r == root else None for r in range(p)]
-    if collective == "reduce_scatter":
+    if collective in ("reduce_scatter", "reduce_scatter_v"):
         result = total(inputs)
-        n = len(result) // p
-        return [result[r * n:(r + 1) * n] for r in range(p)]
-    if collective == "allgather":
+        at = _starts(counts or [len(result) // p] * p)
+        return [result[at[r]:at[r + 1]] for r in range(p)]
+    if collective in ("allgather", "allgatherv"):
         result = np.concatenate(inputs)
         return [result] * p
     if collective == "bcast":
         return [inputs[root]] * p
+    if collective in ("gather", "gatherv"):
+        return [np.concatenate(inputs) if r == root else None for r in range(p)]
+    if collective in ("scatter", "scatterv"):
+        at = _starts(counts or [len(inputs[root]) // p] * p)
+        return [inputs[root][at[r]:at[r + 1]] for r in range(p)]
+    if collective in ("alltoall", "alltoallv"):
+        matrix = counts or [[len(inputs[0]) // p] * p] * p
+        at = [_starts(row) for row in matrix]
+        return [np.concatenate([inputs[j][at[j][r]:at[j][r + 1]] for j in range(p)])
+                for r in range(p)]
     raise ValueError(collective)
 
 
-def check_collective(schedules, collective="allreduce", in_place=False, root=0, seed=0):
+def _starts(counts):
+    """Where each block of ``counts`` starts, and the end."""
+    return np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
+
+
+def check_collective(schedules, collective="allreduce", in_place=False, root=0, seed=0,
+                     counts=None):
     """Run ``schedules`` on tagged inputs and raise ScheduleError unless the result is exact.
 
     ``in_place``: the output is the input (an all-reduce's or reduce's), or its first block
-    (a reduce-scatter's, as MPI's in place has it).
+    (a reduce-scatter's, as MPI's in place has it). ``counts``: the uneven forms' blocks,
+    rank by rank (``counts[r]`` elements for rank r; the root's input blocks of a scatter-v);
+    for ``alltoallv`` the matrix whose ``counts[i][j]`` elements rank i sends rank j.
     """
     p = len(schedules)
     inputs = tagged_inputs(p, [s.input_count for s in schedules], seed)
     with np.errstate(over="ignore"):
         outputs, unwritten = run_local(schedules, inputs, np.add, in_place)
-        expected = _expected(collective, p, inputs, root)
+        expected = _expected(collective, p, inputs, root, counts)
     if in_place and collective == "reduce_scatter":
         outputs = [out[:s.output_count] for out, s in zip(outputs, schedules)]
     for r, (got, want) in enumerate(zip(outputs, expected)):
