@@ -10,15 +10,20 @@ from __future__ import annotations
 
 from functools import partial
 
+import numpy as np
 from mpi4py import MPI
 
+from .buffers.arrays import flat
 from .runtime.progress import Request
 from .session import Call, bind, session_of
+from .session.call import comm_of
 from .session.binder import VALIDATE
 from .session.memo import CALLS, LAST, MISS
 
-__all__ = ["allreduce", "iallreduce", "istart", "allreduce_init", "Persistent", "Request",
-           "reduce_scatter", "allgather", "bcast", "reduce", "IN_PLACE"]
+__all__ = ["allreduce", "iallreduce", "istart", "allreduce_init", "init", "Persistent",
+           "Request", "reduce_scatter", "allgather", "bcast", "reduce", "gather", "scatter",
+           "alltoall", "allgatherv", "reduce_scatter_v", "gatherv", "scatterv", "alltoallv",
+           "IN_PLACE"]
 
 IN_PLACE = MPI.IN_PLACE
 
@@ -137,6 +142,18 @@ def allreduce_init(sendbuf, recvbuf=None, op="sum", *, comm=None, algorithm=None
     return Persistent(call)
 
 
+def init(collective, sendbuf, recvbuf=None, op="sum", root=0, *, comm=None, algorithm=None,
+         validate=None, **options):
+    """Bind any collective of :data:`~mlcomm.COLLECTIVES` to its buffers once, as MPI-4's
+    ``MPI_Allgather_init`` and friends; return a :class:`Persistent`, as
+    :func:`allreduce_init` does. The uneven forms take their counts as options
+    (``counts=``; ``sendcounts=`` and ``recvcounts=``). Host arrays only."""
+    call = Call(collective, sendbuf, recvbuf, op, comm, algorithm, root, validate, options)
+    if call.on_device:
+        raise TypeError(f"init takes host arrays; pass device arrays to mlcomm.{collective}")
+    return Persistent(call)
+
+
 class Persistent:
     """A collective bound to its buffers: calling it runs the collective and returns the result.
 
@@ -217,3 +234,98 @@ def reduce(sendbuf, recvbuf=None, op="sum", root=0, *, comm=None, algorithm=None
            **options):
     """Reduce ``sendbuf`` over all ranks to ``root``; returns the result there, None elsewhere."""
     return _front("reduce", sendbuf, recvbuf, op, comm, algorithm, root, validate, options)
+
+
+def gather(sendbuf, recvbuf=None, root=0, *, comm=None, algorithm=None, validate=None,
+           **options):
+    """Gather every rank's ``sendbuf`` into block r of the root's result (MPI_Gather); None
+    elsewhere. At the root ``sendbuf=IN_PLACE`` takes its block from ``recvbuf``."""
+    return _front("gather", sendbuf, recvbuf, "sum", comm, algorithm, root, validate, options)
+
+
+def scatter(sendbuf, recvbuf=None, root=0, *, comm=None, algorithm=None, validate=None,
+            **options):
+    """Send block r of the root's ``sendbuf`` (p equal blocks) to rank r (MPI_Scatter); the
+    other ranks pass ``recvbuf`` (their ``sendbuf`` is ignored; None will do)."""
+    return _front("scatter", sendbuf, recvbuf, "sum", comm, algorithm, root, validate, options)
+
+
+def alltoall(sendbuf, recvbuf=None, *, comm=None, algorithm=None, validate=None, **options):
+    """Send block j of ``sendbuf`` (p equal blocks) to rank j; block j of the result is rank
+    j's block r (MPI_Alltoall)."""
+    return _front("alltoall", sendbuf, recvbuf, "sum", comm, algorithm, 0, validate, options)
+
+
+def allgatherv(sendbuf, recvbuf=None, counts=None, *, comm=None, algorithm=None,
+               validate=None, **options):
+    """Gather every rank's ``sendbuf``, of ``counts[r]`` elements on rank r, one after
+    another into every rank's result (MPI_Allgatherv). ``counts=None``: each rank's size,
+    gathered first by the library's ``MPI_Allgather`` (one more collective per call)."""
+    if counts is None:
+        counts = _gathered_sizes(sendbuf, recvbuf, comm)
+    return _front("allgatherv", sendbuf, recvbuf, "sum", comm, algorithm, 0, validate,
+                  dict(options, counts=counts))
+
+
+def reduce_scatter_v(sendbuf, recvbuf=None, counts=None, op="sum", *, comm=None,
+                     algorithm=None, validate=None, **options):
+    """Reduce ``sendbuf`` (blocks of ``counts[r]`` elements, one after another) over all
+    ranks; rank r gets reduced block r (MPI_Reduce_scatter)."""
+    return _front("reduce_scatter_v", sendbuf, recvbuf, op, comm, algorithm, 0, validate,
+                  dict(options, counts=counts))
+
+
+def gatherv(sendbuf, recvbuf=None, counts=None, root=0, *, comm=None, algorithm=None,
+            validate=None, **options):
+    """Gather every rank's ``sendbuf`` (``counts[r]`` elements on rank r) one after another
+    into the root's result (MPI_Gatherv); ``counts`` is needed at the root only."""
+    return _front("gatherv", sendbuf, recvbuf, "sum", comm, algorithm, root, validate,
+                  dict(options, counts=counts))
+
+
+def scatterv(sendbuf, recvbuf=None, counts=None, root=0, *, comm=None, algorithm=None,
+             validate=None, **options):
+    """Send block r of the root's ``sendbuf`` (blocks of ``counts[r]`` elements, one after
+    another) to rank r (MPI_Scatterv); a rank other than the root passes ``recvbuf`` or
+    ``counts``."""
+    return _front("scatterv", sendbuf, recvbuf, "sum", comm, algorithm, root, validate,
+                  dict(options, counts=counts))
+
+
+def alltoallv(sendbuf, sendcounts, recvbuf=None, recvcounts=None, *, comm=None,
+              algorithm=None, validate=None, **options):
+    """Send block j of ``sendbuf`` (``sendcounts[j]`` elements; blocks one after another) to
+    rank j; block j of the result is what rank j sent this rank (MPI_Alltoallv).
+    ``recvcounts=None``: exchanged first by the library's ``MPI_Alltoall`` (one more
+    collective per call)."""
+    if recvcounts is None:
+        recvcounts = _exchanged_counts(sendcounts, comm)
+    return _front("alltoallv", sendbuf, recvbuf, "sum", comm, algorithm, 0, validate,
+                  dict(options, sendcounts=sendcounts, recvcounts=recvcounts))
+
+
+def _gathered_sizes(sendbuf, recvbuf, comm) -> tuple:
+    """Every rank's element count of ``sendbuf`` (in place: its own block, which it cannot
+    know; an error), gathered."""
+    if sendbuf is MPI.IN_PLACE:
+        raise ValueError("allgatherv in place needs counts: the ranks' blocks of recvbuf")
+    comm = comm_of(comm)
+    mine = np.array([flat(sendbuf, "sendbuf").size], np.int64)
+    every = np.empty(comm.Get_size(), np.int64)
+    comm.Allgather(mine, every)
+    return tuple(every.tolist())
+
+
+def _exchanged_counts(sendcounts, comm) -> tuple:
+    """The counts every rank sends this one, from each rank's ``sendcounts``."""
+    comm = comm_of(comm)
+    try:
+        sends = np.array(sendcounts, np.int64).reshape(-1)
+    except (TypeError, ValueError):
+        raise TypeError("sendcounts must be a sequence of integers, one per rank") from None
+    if sends.size != comm.Get_size():
+        raise ValueError(f"sendcounts has {sends.size} counts; give {comm.Get_size()}, one "
+                         f"per rank")
+    recvs = np.empty_like(sends)
+    comm.Alltoall(sends, recvs)
+    return tuple(recvs.tolist())

@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from . import api, kernels
 from .buffers import gpu
-from .buffers.arrays import from_spec
+from .buffers.arrays import from_spec, from_vspec
 from .algorithms import AUTO, COLLECTIVES, resolve
 from .session import session_of
 from .transport.mpi.names import op_name
@@ -180,3 +180,69 @@ class Comm(MPI.Intracomm):
             return self._library("Ireduce", "Reduce", sendbuf, recvbuf, op, root)
         api.reduce(arrays[0], arrays[1], name, root, comm=self,
                    algorithm=self._algorithms["reduce"])
+
+    def Gather(self, sendbuf, recvbuf, root=0):
+        root_here = self.Get_rank() == root
+        arrays = _plain(sendbuf, recvbuf if root_here else None)
+        if arrays is None or arrays[0] is None or root_here and arrays[1] is None:
+            return self._library("Igather", "Gather", sendbuf, recvbuf, root)
+        api.gather(arrays[0], arrays[1], root, comm=self, algorithm=self._algorithms["gather"])
+
+    def Scatter(self, sendbuf, recvbuf, root=0):
+        root_here = self.Get_rank() == root
+        arrays = _plain(sendbuf if root_here else None, recvbuf)
+        if arrays is None or arrays[1] in (None, MPI.IN_PLACE) or \
+                root_here and arrays[0] is None:
+            return self._library("Iscatter", "Scatter", sendbuf, recvbuf, root)
+        api.scatter(arrays[0], arrays[1], root, comm=self,
+                    algorithm=self._algorithms["scatter"])
+
+    def Alltoall(self, sendbuf, recvbuf):
+        arrays = _plain(sendbuf, recvbuf)
+        if arrays is None or any(a is None or a is MPI.IN_PLACE for a in arrays):
+            return self._library("Ialltoall", "Alltoall", sendbuf, recvbuf)
+        api.alltoall(arrays[0], arrays[1], comm=self, algorithm=self._algorithms["alltoall"])
+
+    def Gatherv(self, sendbuf, recvbuf, root=0):
+        root_here, p = self.Get_rank() == root, self.Get_size()
+        send = _plain(sendbuf)
+        recv = from_vspec(recvbuf, p) if root_here else (None, None)
+        if send is None or send[0] is None or recv is None or root_here and \
+                (recvbuf is None or send[0] is MPI.IN_PLACE):
+            return self._library("Igatherv", "Gatherv", sendbuf, recvbuf, root)
+        api.gatherv(send[0], recv[0], recv[1], root, comm=self,
+                    algorithm=self._algorithms["gatherv"])
+
+    def Scatterv(self, sendbuf, recvbuf, root=0):
+        root_here, p = self.Get_rank() == root, self.Get_size()
+        send = from_vspec(sendbuf, p) if root_here else (None, None)
+        recv = _plain(recvbuf)
+        if send is None or recv is None or recv[0] in (None, MPI.IN_PLACE) or \
+                root_here and sendbuf is None:
+            return self._library("Iscatterv", "Scatterv", sendbuf, recvbuf, root)
+        api.scatterv(send[0], recv[0], send[1], root, comm=self,
+                     algorithm=self._algorithms["scatterv"])
+
+    def Allgatherv(self, sendbuf, recvbuf):
+        send, recv = _plain(sendbuf), from_vspec(recvbuf, self.Get_size())
+        if send is None or send[0] is None or recv is None or recvbuf is None:
+            return self._library("Iallgatherv", "Allgatherv", sendbuf, recvbuf)
+        api.allgatherv(send[0], recv[0], recv[1], comm=self,
+                       algorithm=self._algorithms["allgatherv"])
+
+    def Alltoallv(self, sendbuf, recvbuf):
+        p = self.Get_size()
+        send, recv = from_vspec(sendbuf, p), from_vspec(recvbuf, p)
+        if send is None or recv is None or sendbuf is MPI.IN_PLACE or recvbuf is None:
+            return self._library("Ialltoallv", "Alltoallv", sendbuf, recvbuf)
+        api.alltoallv(send[0], send[1], recv[0], recv[1], comm=self,
+                      algorithm=self._algorithms["alltoallv"])
+
+    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
+        arrays = _plain(sendbuf, recvbuf)
+        name = self._reducible(arrays, op)
+        if name is None or recvcounts is None or arrays[0] is MPI.IN_PLACE:
+            return self._library("Ireduce_scatter", "Reduce_scatter", sendbuf, recvbuf,
+                                 recvcounts, op)
+        api.reduce_scatter_v(arrays[0], arrays[1], tuple(recvcounts), name, comm=self,
+                             algorithm=self._algorithms["reduce_scatter_v"])

@@ -1,5 +1,6 @@
-"""mpi4py's own buffer-collective tests (``test_cco_buf.py``) on ``mlcomm.Comm`` with the
-default algorithm (``auto``), as a user's mpi4py code would call it.
+"""mpi4py's own buffer- and vector-collective tests (``test_cco_buf.py``, ``test_cco_vec.py``)
+on ``mlcomm.Comm`` with the default algorithm (``auto``), as a user's mpi4py code would call
+it.
 
 mpi4py's tests are not part of this repository; take them from the mpi4py release that is
 installed (its ``test/`` folder)::
@@ -27,6 +28,7 @@ def main(argv) -> int:
     sys.path.insert(0, argv[0])
     import arrayimpl
     import test_cco_buf
+    import test_cco_vec
 
     try:
         from numba import cuda
@@ -51,15 +53,21 @@ def main(argv) -> int:
         def tearDown(self):
             self.COMM.Free()
 
+    class Vectors(test_cco_vec.BaseTestCCOVec, unittest.TestCase):
+        COMM = mlcomm.Comm(MPI.COMM_WORLD)
+
+    class VectorsInPlace(test_cco_vec.BaseTestCCOVecInplace, unittest.TestCase):
+        COMM = mlcomm.Comm(MPI.COMM_WORLD)
+
     suite = unittest.TestSuite()
-    for case in (World, WorldInPlace, WorldDup):
+    for case in (World, WorldInPlace, WorldDup, Vectors, VectorsInPlace):
         suite.addTests(unittest.defaultTestLoader.loadTestsFromTestCase(case))
     rank = MPI.COMM_WORLD.rank
     result = unittest.TextTestRunner(stream=sys.stderr, verbosity=1 if rank == 0 else 0).run(
         suite)
     ok = MPI.COMM_WORLD.allreduce(int(result.wasSuccessful()), MPI.MIN)
     if rank == 0:
-        print(f"mpi4py's test_cco_buf on mlcomm.Comm, P = {MPI.COMM_WORLD.size}: "
+        print(f"mpi4py's test_cco_buf and test_cco_vec on mlcomm.Comm, P = {MPI.COMM_WORLD.size}: "
               f"{result.testsRun} tests a rank, {'all passed' if ok else 'FAILED'}")
     return 0 if ok else 1
 

@@ -16,8 +16,10 @@ def native_cost(p, nbytes, alpha, beta, gamma, **_):
 
 
 def _native_builder(collective):
-    def build(rank, size, count, itemsize=8, root=0, blocking=False):
-        return native_schedule(collective, rank, size, count, itemsize, root, blocking)
+    def build(rank, size, count, itemsize=8, root=0, blocking=False, counts=None,
+              sendcounts=None, recvcounts=None):
+        return native_schedule(collective, rank, size, count, itemsize, root, blocking,
+                               counts, sendcounts, recvcounts)
     return build
 
 
@@ -30,17 +32,42 @@ for _collective in COLLECTIVES:
 
 
 def native_schedule(collective: str, rank: int, size: int, count: int, itemsize: int = 8,
-                    root: int = 0, blocking: bool = False) -> Schedule:
+                    root: int = 0, blocking: bool = False, counts=None, sendcounts=None,
+                    recvcounts=None) -> Schedule:
     """``rank``'s schedule of the ``mpi`` algorithm: one step, the library's own
     ``collective`` on ``count`` elements, the count MPI takes (a reduce-scatter's block, an
-    allgather's contribution); ``blocking``: the blocking call, else the non-blocking one,
-    polled."""
+    allgather's contribution, an all-to-all's block); the uneven forms' ``counts`` (the
+    root's alone for gatherv and scatterv), or ``sendcounts`` and ``recvcounts``;
+    ``blocking``: the blocking call, else the non-blocking one, polled."""
     if not isinstance(blocking, bool):
         raise ValueError(f"blocking={blocking!r}: give True or False")
     del itemsize  # the same schedule for every element size
-    n_in = count * size if collective == "reduce_scatter" else count
-    n_out = {"allgather": count * size, "reduce": count if rank == root else 0}.get(
-        collective, count)
+    n_in, n_out = _extents(collective, rank, size, count, root, counts, sendcounts,
+                           recvcounts)
+    per_rank = tuple(sendcounts or ()) + tuple(recvcounts or ()) if \
+        collective == "alltoallv" else tuple(counts or ())
     step = Step([Collective(collective, Region(INPUT, 0, n_in), Region(OUTPUT, 0, n_out),
-                            count, root, blocking)])
+                            count, root, blocking, per_rank)])
     return Schedule(rank, size, n_in, n_out, 0, [step])
+
+
+def _extents(collective, rank, size, count, root, counts, sendcounts, recvcounts) -> tuple:
+    """The ``(input, output)`` elements of the library's ``collective`` on this rank."""
+    at_root = rank == root
+    if collective == "alltoallv":
+        return sum(sendcounts), sum(recvcounts)
+    if collective in ("allgatherv", "reduce_scatter_v", "gatherv", "scatterv") and \
+            counts is None and at_root:
+        raise ValueError(f"{collective} needs counts: one count per rank")
+    whole = sum(counts) if counts is not None else 0
+    return {"reduce_scatter": (count * size, count),
+            "allgather": (count, count * size),
+            "reduce": (count, count if at_root else 0),
+            "bcast": (count, count),
+            "gather": (count, count * size if at_root else 0),
+            "scatter": (count * size if at_root else 0, count),
+            "alltoall": (count * size, count * size),
+            "allgatherv": (count, whole),
+            "reduce_scatter_v": (whole, count),
+            "gatherv": (count, whole if at_root else 0),
+            "scatterv": (whole if at_root else 0, count)}.get(collective, (count, count))

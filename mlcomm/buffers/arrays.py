@@ -83,3 +83,44 @@ def from_spec(spec):
     if count is not None:
         arr = arr[displ:displ + count]
     return arr
+
+
+def from_vspec(spec, blocks: int):
+    """``(array, counts)`` of an mpi4py vector buffer spec (``[buf, counts, displs,
+    datatype]`` and its shorter forms, as mpi4py reads them) over ``blocks`` ranks, its
+    blocks one after another from element 0: ``array`` the 1-D view of those blocks,
+    ``counts`` a tuple. None and ``MPI.IN_PLACE`` come back as given; None for a spec that
+    is not plain or whose displacements leave gaps or overlap (the MPI library takes
+    those)."""
+    from mpi4py import MPI
+    if spec is None or spec is MPI.IN_PLACE:
+        return spec
+    obj, counts, displs, datatype = spec, None, None, None
+    if isinstance(spec, (list, tuple)):
+        if not 2 <= len(spec) <= 4:
+            return None
+        obj, *rest = spec
+        if isinstance(rest[-1], MPI.Datatype):
+            datatype = rest.pop()
+        if len(rest) == 2:
+            counts, displs = rest
+        elif rest:
+            counts = rest[0]
+            if isinstance(counts, tuple):
+                counts, displs = counts
+    arr = from_spec(obj if datatype is None else [obj, datatype])
+    if arr is None:
+        return None
+    if counts is None:
+        counts = [arr.size // blocks + (arr.size % blocks > i) for i in range(blocks)]
+    elif isinstance(counts, (int, np.integer)):
+        counts = [int(counts)] * blocks
+    counts = tuple(int(c) for c in counts)
+    if isinstance(displs, (int, np.integer)):
+        displs = [int(displs) * i for i in range(blocks)]
+    packed = np.concatenate([[0], np.cumsum(counts[:-1], dtype=np.int64)]).tolist() \
+        if counts else []
+    if len(counts) != blocks or displs is not None and list(displs) != packed or \
+            sum(counts) > arr.size:
+        return None
+    return arr[:sum(counts)], counts

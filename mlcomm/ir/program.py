@@ -119,6 +119,8 @@ class Call(NamedTuple):
     count: int
     root: int = 0
     blocking: bool = False
+    #: the uneven forms' counts (:class:`mlcomm.ir.schedule.Collective`)
+    counts: tuple = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -291,7 +293,7 @@ def table_calls(s: Lowering) -> None:
                    for piece in _call_pieces(Call(
                        t.kind, INPUT_IN_OUTPUT if _in_place(t, rank, s.where)
                        else s.buffer_id(t.send.buffer), t.send.offset * itemsize,
-                       *s.ref(t.recv), t.count, t.root, t.blocking), itemsize)]
+                       *s.ref(t.recv), t.count, t.root, t.blocking, t.counts), itemsize)]
         if natives:
             block["call"] += [(kind, NATIVE, len(s.calls), len(natives), 0, 0, 0, 0)
                               for kind in (START, WAIT)]
@@ -445,14 +447,14 @@ def _pieces(item, size, offsets, unit=1) -> list:
 
 def _call_pieces(call, itemsize) -> list:
     """A :class:`Call` as pieces (:func:`_pieces`): an allreduce, reduce or bcast works
-    element by element; an allgather or reduce-scatter cannot be split so, and a count per
-    rank past a C int is an error."""
+    element by element; the others cannot be split so, and a count per rank (or an uneven
+    form's total, which its displacements reach) past a C int is an error."""
     if call.kind in ("allreduce", "reduce", "bcast"):
         return _pieces(call, "count", ("send_at", "recv_at"), itemsize)
-    if call.count > _MPI_MAX_COUNT:
+    if max(call.count, sum(call.counts)) > _MPI_MAX_COUNT:
         raise ValueError(f"algorithm='mpi': the MPI library's {call.kind} takes at most "
                          f"{_MPI_MAX_COUNT} elements per rank (a C int), and this call has "
-                         f"{call.count}; use one of mlcomm's algorithms (e.g. "
+                         f"{max(call.count, sum(call.counts))}; use one of mlcomm's algorithms (e.g. "
                          f"algorithm='ring'), which move it in pieces of at most "
                          f"{MAX_BYTES} bytes")
     return [call]
@@ -461,8 +463,10 @@ def _call_pieces(call, itemsize) -> list:
 def _in_place(call, rank, where) -> bool:
     """Whether a :class:`mlcomm.ir.schedule.Collective` is in place in MPI's sense: its input
     lies in its output (an allgather's block in its result), except off a reduce's root,
-    where the input is always the data."""
-    if call.kind == "reduce" and rank != call.root:
+    where the input is always the data, and where a rank sends or receives nothing (off a
+    gather's or scatter's root)."""
+    if call.kind == "reduce" and rank != call.root or not (call.send.count and
+                                                           call.recv.count):
         return False
     send, recv = where(call.send), where(call.recv)
     return send[0] == recv[0] or _meet(send, recv)

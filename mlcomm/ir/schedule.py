@@ -127,8 +127,8 @@ class Await(NamedTuple):
 
 
 class Collective(NamedTuple):
-    """The MPI library's own collective ``kind`` (``allreduce``, ``reduce_scatter``,
-    ``allgather``, ``bcast`` or ``reduce``) on the whole communicator, from ``send`` into
+    """The MPI library's own collective ``kind`` (a name of
+    :data:`mlcomm.algorithms.COLLECTIVES`) on the whole communicator, from ``send`` into
     ``recv``; in place where the two start at the same element. ``count`` is the count MPI
     takes (a reduce-scatter's block, an allgather's contribution); ``root`` for bcast and
     reduce."""
@@ -140,6 +140,9 @@ class Collective(NamedTuple):
     root: int = 0
     #: the blocking call, else the non-blocking one, polled
     blocking: bool = False
+    #: the uneven forms' counts, one per rank (an all-to-all-v's sendcounts, then its
+    #: recvcounts); empty for the even forms
+    counts: tuple = ()
 
 
 class Reduce(NamedTuple):

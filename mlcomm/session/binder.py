@@ -88,7 +88,9 @@ def _host(session, call, own=False, own_output=False) -> BoundCall:
     if name == AUTO:  # an all-reduce's trial runs on its host arrays
         host = collective == "allreduce" and type(inp) is np.ndarray and \
             type(out) is np.ndarray
-        name, options = agreed_choice(session, collective, call.count, dtype, opname,
+        # the uneven forms' counts differ from rank to rank: auto agrees on the layout only
+        name, options = agreed_choice(session, collective,
+                                      0 if call.counts else call.count, dtype, opname,
                                       device=isinstance(out, DeviceVector),
                                       buffers=(inp, out) if host else None)
         held, session.held_result = session.held_result, None
@@ -97,8 +99,10 @@ def _host(session, call, own=False, own_output=False) -> BoundCall:
                                call.root, overlap=overlap, copy=_copy, buffer=_native_buffer,
                                empty=lambda v: v.empty(v.size)), None
     else:
-        if call.root:
-            options = dict(options, root=call.root)
+        if call.root or call.counts:
+            options = dict(options, **call.counts)
+            if call.root:
+                options["root"] = call.root
         plan = plan_call(session, collective, name, call.count, dtype, opname, options,
                         call.offset)
         binding = session.own_binding(plan, inp, out) if own else \

@@ -23,10 +23,24 @@ from ..transport.mpi.names import op_name
 from ..transport.native import native_dtype_ok, supports
 from .auto import requested
 
-__all__ = ["Call", "SIGNATURE", "comm_of", "overlap"]
+__all__ = ["Call", "SIGNATURE", "comm_of", "overlap", "MOVES_ONLY", "ROOTED", "COUNTED"]
 
 #: the fields of a call's signature, which ``validate=True`` compares across the ranks
-SIGNATURE = ("collective", "algorithm", "count", "dtype", "op", "root", "options")
+SIGNATURE = ("collective", "algorithm", "count", "dtype", "op", "root", "options", "counts")
+
+#: the collectives that move data and reduce nothing (no op: only the datatype counts)
+MOVES_ONLY = frozenset(("allgather", "bcast", "gather", "scatter", "alltoall", "allgatherv",
+                        "gatherv", "scatterv", "alltoallv"))
+#: the collectives with a root
+ROOTED = frozenset(("bcast", "reduce", "gather", "scatter", "gatherv", "scatterv"))
+#: the uneven forms with one count per rank (``counts=``); ``alltoallv`` takes
+#: ``sendcounts=`` and ``recvcounts=``
+COUNTED = frozenset(("allgatherv", "reduce_scatter_v", "gatherv", "scatterv"))
+#: the collectives that work in place (``sendbuf=IN_PLACE``; a gather's root only)
+_IN_PLACE = frozenset(("allreduce", "reduce", "reduce_scatter", "allgather", "gather",
+                       "allgatherv", "gatherv"))
+#: the options that are the call's counts, not an algorithm's
+_COUNT_OPTIONS = ("counts", "sendcounts", "recvcounts")
 
 
 def comm_of(comm):
@@ -53,12 +67,16 @@ class Call:
     itself. Set by :meth:`check`: ``inp`` and ``out``, the flat arrays the plan reads and
     writes; ``count``; ``opname``; ``name``, the algorithm asked (``auto`` until the binder
     chooses); ``options``; ``offset``, where the input starts within the output, in elements,
-    when they share memory (in place), else None.
+    when they share memory (in place), else None; ``counts``, the uneven forms' counts as the
+    schedule takes them (a dict of tuples, empty for the even forms).
+
+    The uneven forms' counts come in ``options`` (``counts=``, ``sendcounts=``,
+    ``recvcounts=``), so that a repeat compares them; :meth:`check` moves them out.
     """
 
-    __slots__ = ("algorithm", "collective", "comm", "comm_given", "count", "inp", "name",
-                 "offset", "op", "opname", "options", "options_given", "out", "recvbuf",
-                 "root", "sendbuf", "validate")
+    __slots__ = ("algorithm", "collective", "comm", "comm_given", "count", "counts", "inp",
+                 "name", "offset", "op", "opname", "options", "options_given", "out",
+                 "recvbuf", "root", "sendbuf", "validate")
 
     def __init__(self, collective, sendbuf, recvbuf=None, op="sum", comm=None, algorithm=None,
                  root=0, validate=None, options=None):
@@ -67,6 +85,7 @@ class Call:
         self.algorithm, self.root, self.validate = algorithm, root, validate
         self.options_given = {} if options is None else options
         self.options = dict(self.options_given)
+        self.counts = {k: self.options.pop(k) for k in _COUNT_OPTIONS if k in self.options}
         self.inp = self.out = self.count = self.opname = self.name = self.offset = None
 
     def on(self, sendbuf, recvbuf) -> "Call":
@@ -83,13 +102,16 @@ class Call:
 
     def signature(self) -> tuple:
         """The fields of :data:`SIGNATURE`, once checked."""
-        return (self.collective, self.name, self.count, self.out.dtype.str, self.opname,
-                self.root, sorted(self.options.items()))
+        counts = self.counts.get("counts") if self.collective in ("allgatherv",
+                                                                  "reduce_scatter_v") else None
+        return (self.collective, self.name, self.count if counts is None else 0,
+                self.out.dtype.str, self.opname, self.root, sorted(self.options.items()),
+                counts)
 
     def result(self, rank):
         """What the public function returns, given the output array the plan writes."""
         collective, out, sendbuf, recvbuf = self.collective, self.out, self.sendbuf, self.recvbuf
-        if collective == "reduce" and rank != self.root:
+        if collective in ("reduce", "gather", "gatherv") and rank != self.root:
             return None
         if collective in ("allreduce", "reduce", "bcast"):
             return _shaped(out, recvbuf if collective != "bcast" else sendbuf, sendbuf)
@@ -106,10 +128,10 @@ class Call:
         option values an empty build has accepted, added to here."""
         collective, sendbuf, root = self.collective, self.sendbuf, self.root
         self.name = name = requested(self.algorithm, collective, default_algorithm)
-        self.opname = op_name(self.op) if collective not in ("allgather", "bcast") else "sum"
-        if collective in ("bcast", "reduce") and not (isinstance(root, int) and
-                                                      0 <= root < size):
+        self.opname = op_name(self.op) if collective not in MOVES_ONLY else "sum"
+        if collective in ROOTED and not (isinstance(root, int) and 0 <= root < size):
             raise ValueError(f"root={root!r} is not a rank of this {size}-rank communicator")
+        self._check_counts(size, rank)
         if collective == "bcast":
             self.out = self.inp = flat(sendbuf, "buf", writable=True)
             self.count, self.offset = self.out.size, 0
@@ -118,7 +140,7 @@ class Call:
         else:
             self._apart(size, rank)
         out = self.out
-        moves_only = collective in ("allgather", "bcast")  # no op: only the datatype counts
+        moves_only = collective in MOVES_ONLY
         if not moves_only:
             kernels.check_op(out.dtype, self.opname)
         if name == MPI_NATIVE and not (native_dtype_ok(out.dtype) if moves_only
@@ -130,35 +152,71 @@ class Call:
         if self.options:
             self._check_options(size, rank, checked_options)
 
+    def _check_counts(self, size, rank):
+        """The uneven forms' counts: tuples of ``size`` counts of at least 0 where the rank
+        needs them (every rank for allgatherv, reduce_scatter_v and alltoallv; the root for
+        gatherv and scatterv, where the other ranks may give them too)."""
+        collective, counts = self.collective, self.counts
+        names = ("sendcounts", "recvcounts") if collective == "alltoallv" else \
+            ("counts",) if collective in COUNTED else ()
+        stray = sorted(set(counts) - set(names))
+        if stray:
+            raise TypeError(f"{collective} takes no {', '.join(stray)}"
+                            + (f"; it takes {' and '.join(names)}" if names else ""))
+        for name in names:
+            given = counts.get(name)
+            if given is None:
+                if collective in ("gatherv", "scatterv") and rank != self.root:
+                    continue
+                raise ValueError(f"{collective} needs {name}: one count per rank of the "
+                                 f"{size}-rank communicator")
+            try:
+                given = tuple(int(c) for c in given)
+            except (TypeError, ValueError):
+                raise TypeError(f"{name} must be a sequence of {size} integers, got "
+                                f"{type(given).__name__}") from None
+            if len(given) != size or min(given, default=0) < 0:
+                raise ValueError(f"{name}={list(given)!r}: give {size} counts (one per rank), "
+                                 f"each at least 0")
+            counts[name] = given
+
     def _in_place(self, size, rank):
-        """``sendbuf=IN_PLACE``: the data is ``recvbuf``."""
+        """``sendbuf=IN_PLACE``: the data is ``recvbuf`` (for a gather, the root's)."""
         collective = self.collective
         if self.recvbuf is None:
             raise ValueError("sendbuf=IN_PLACE needs recvbuf: the data to reduce in place")
+        if collective not in _IN_PLACE:
+            raise ValueError(f"{collective} does not work in place here; pass the data as "
+                             f"sendbuf and a separate recvbuf")
+        if collective in ("gather", "gatherv") and rank != self.root:
+            raise ValueError(f"sendbuf=IN_PLACE: only the root ({self.root}) of a "
+                             f"{collective} may pass it; this rank passes its data as sendbuf")
         self.offset = 0
         self.out = self.inp = out = flat(self.recvbuf, "recvbuf", writable=True)
-        if collective in ("reduce_scatter", "allgather") and out.size % size:
+        if collective in ("reduce_scatter", "allgather", "gather") and out.size % size:
             raise ValueError(f"in-place {collective}: recvbuf has {out.size} elements, not a "
                              f"multiple of the {size} ranks")
         if collective == "reduce_scatter":
             # the ring schedule reads every input block before it writes the first
             self.out = out[:out.size // size]
-        elif collective == "allgather":
-            n = out.size // size
-            self.inp, self.offset = out[rank * n:(rank + 1) * n], rank * n
+        elif collective in ("allgather", "gather", "allgatherv", "gatherv"):
+            mine = self.root if collective in ROOTED else rank
+            counts = self.counts.get("counts") or (out.size // size,) * size
+            if sum(counts) != out.size:
+                raise ValueError(f"in-place {collective}: recvbuf has {out.size} elements "
+                                 f"but counts sum to {sum(counts)}")
+            start = sum(counts[:mine])
+            self.inp, self.offset = out[start:start + counts[mine]], start
         self.count = self.inp.size if collective != "reduce_scatter" else self.out.size
 
     def _apart(self, size, rank):
         """A separate ``sendbuf`` and ``recvbuf`` (or none: a new output)."""
         collective = self.collective
+        if collective in ("scatter", "scatterv") and rank != self.root:
+            self._scatter_leaf(size, rank)
+            return
         self.inp = inp = flat(self.sendbuf, "sendbuf")
-        want = {"allreduce": inp.size, "reduce": inp.size, "allgather": inp.size * size,
-                "reduce_scatter": inp.size // size}[collective]
-        if collective == "reduce_scatter" and inp.size % size:
-            raise ValueError(f"reduce_scatter: sendbuf has {inp.size} elements, not a multiple "
-                             f"of the {size} ranks; pad it to {-(-inp.size // size) * size}")
-        if collective == "reduce" and rank != self.root:
-            want = 0  # only the root has a result; the schedule accumulates in its scratch
+        want, self.count = self._extent(size, rank, inp.size)
         if want == 0:
             out = _no_output(inp.dtype) if isinstance(inp, np.ndarray) else inp.empty(0)
         elif self.recvbuf is None:
@@ -173,8 +231,53 @@ class Call:
             raise TypeError(f"recvbuf dtype {out.dtype} differs from sendbuf dtype "
                             f"{inp.dtype}; use the same dtype for both")
         self.out = out
-        self.count = want if collective == "reduce_scatter" else inp.size
         self.offset = _offset(collective, inp, out)
+
+    def _scatter_leaf(self, size, rank):
+        """A scatter's rank other than the root: no input; the output is ``recvbuf``, or
+        ``counts[rank]`` new elements of the dtype of ``sendbuf`` (an array, ignored else)."""
+        counts = self.counts.get("counts")
+        if self.recvbuf is not None:
+            out = flat(self.recvbuf, "recvbuf", writable=True)
+        elif counts is not None and isinstance(self.sendbuf, np.ndarray):
+            out = np.empty(counts[rank], self.sendbuf.dtype)
+        else:
+            raise ValueError(f"{self.collective}: rank {rank} is not the root ({self.root}); "
+                             f"pass recvbuf, the array its block lands in")
+        if counts is not None and out.size != counts[rank]:
+            raise ValueError(f"recvbuf has {out.size} elements but counts[{rank}] is "
+                             f"{counts[rank]}")
+        self.out, self.inp, self.count, self.offset = out, _no_output(out.dtype), out.size, None
+
+    def _extent(self, size, rank, n) -> tuple:
+        """``(output elements, the schedule's count)`` for ``n`` input elements."""
+        collective, root = self.collective, rank == self.root
+        counts = self.counts.get("counts")
+        if collective in ("reduce_scatter", "alltoall") or collective == "scatter" and root:
+            if n % size:
+                raise ValueError(f"{collective}: sendbuf has {n} elements, not a multiple of "
+                                 f"the {size} ranks; pad it to {-(-n // size) * size}")
+            block = n // size
+            return (n, block) if collective == "alltoall" else (block, block)
+        if collective in ("allgatherv", "gatherv") and counts is not None and \
+                counts[rank] != n:
+            raise ValueError(f"counts[{rank}] is {counts[rank]} but sendbuf has {n} elements; "
+                             f"give this rank's own count there")
+        if collective == "alltoallv":
+            sends, recvs = self.counts["sendcounts"], self.counts["recvcounts"]
+            if sum(sends) != n:
+                raise ValueError(f"sendcounts sum to {sum(sends)} but sendbuf has {n} "
+                                 f"elements")
+            return sum(recvs), n
+        if collective in ("reduce_scatter_v", "scatterv"):
+            if sum(counts) != n:
+                raise ValueError(f"counts sum to {sum(counts)} but sendbuf has {n} elements")
+            return counts[rank], counts[rank]
+        whole = {"allgather": n * size, "gather": n * size, "allgatherv": sum(counts or ()),
+                 "gatherv": sum(counts or ())}.get(collective, n)
+        if collective in ("reduce", "gather", "gatherv") and not root:
+            whole = 0  # only the root has a result; a reduce accumulates in its scratch
+        return whole, n
 
     def _check_options(self, size, rank, checked):
         """The algorithm's own options: names it takes, values its empty build accepts."""
@@ -189,7 +292,8 @@ class Call:
         key = (collective, name, size, self.out.dtype.itemsize, tuple(sorted(options.items())))
         if checked is None or key not in checked:  # an empty build checks the values once
             COLLECTIVES[collective][name].build(rank, size, 0, self.out.dtype.itemsize,
-                                                **options)
+                                                **options, **{k: (0,) * size
+                                                              for k in self.counts})
             if checked is not None:
                 checked.add(key)
 

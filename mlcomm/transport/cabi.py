@@ -17,7 +17,7 @@ from numba import types
 from numba.extending import intrinsic
 
 __all__ = ["call0", "call3", "call6", "ccall0", "ccall2", "ccall3", "ccall4", "ccall5", "ccall6",
-           "ccall7", "ccall8", "call0_f64", "load_acquire", "store_release", "i64_array_at",
+           "ccall7", "ccall8", "ccall9", "ccall10", "call0_f64", "load_acquire", "store_release", "i64_array_at",
            "libc_address"]
 
 _I32, _I64, _F64 = ir.IntType(32), ir.IntType(64), ir.DoubleType()
@@ -107,6 +107,18 @@ def ccall8(typingctx, fn, a, b, c, d, e, f, g, h):
     """``fn(a, b, c, d, e, f, g, h)`` returning a C ``int`` (arguments past the sixth go on
     the stack as 64-bit words, as the C ABIs pass an ``int`` there too)."""
     return _W(*[_W] * 9), _codegen(_I32, 8)
+
+
+@intrinsic
+def ccall9(typingctx, fn, a, b, c, d, e, f, g, h, i):
+    """``fn(a, ..., i)`` returning a C ``int`` (nine arguments, as :func:`ccall8`)."""
+    return _W(*[_W] * 10), _codegen(_I32, 9)
+
+
+@intrinsic
+def ccall10(typingctx, fn, a, b, c, d, e, f, g, h, i, j):
+    """``fn(a, ..., j)`` returning a C ``int`` (ten arguments, as :func:`ccall8`)."""
+    return _W(*[_W] * 11), _codegen(_I32, 10)
 
 
 @intrinsic

@@ -76,7 +76,8 @@ def auto_choice(collective: str, p: int, nbytes: int, *, dtype=None, op=None,
     """
     if collective != "allreduce":  # the node window's where it is weighed, else a flat one
         names = weighed(Layout(p, nodes), device, collective)
-        return next((name for name in names if COLLECTIVES[collective][name].context), names[0])
+        return next((name for name in names if COLLECTIVES[collective][name].context),
+                    names[0] if names else MPI_NATIVE)
     choice, times, profile = explain(p, nbytes, dtype=dtype, op=op, itemsize=itemsize,
                                      nodes=nodes, device=device)
     _log_prediction(p, nbytes, choice, times, profile)

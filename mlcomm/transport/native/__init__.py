@@ -20,9 +20,9 @@ from typing import NamedTuple
 
 import numpy as np
 from mpi4py import MPI
-from numba import carray
+from numba import carray, njit
 
-from ..cabi import ccall4, ccall5, ccall6, ccall7, ccall8, i64_array_at
+from ..cabi import ccall4, ccall5, ccall6, ccall7, ccall8, ccall9, ccall10, i64_array_at
 from ...ir.program import INPUT_IN_OUTPUT
 from ...kernels import OP_TABLE
 from .. import FAULT, Transport, compile_calls
@@ -34,7 +34,8 @@ __all__ = ["LibraryCollectives", "NativeCall", "bind", "KINDS", "native_call", "
 class NativeCall(NamedTuple):
     """One call of the library's collective ``kind`` on ``count`` elements (as MPI takes
     it), from the memory at ``send`` (None: in place) into the memory at ``recv``; the
-    ``blocking`` call, or the non-blocking one."""
+    ``blocking`` call, or the non-blocking one; an uneven form's ``counts`` (one per rank;
+    an all-to-all-v's sendcounts, then its recvcounts)."""
 
     kind: str
     send: int | None
@@ -42,20 +43,32 @@ class NativeCall(NamedTuple):
     count: int
     root: int = 0
     blocking: bool = False
+    counts: tuple = ()
 
 #: collective name -> (code, blocking function, non-blocking function)
 KINDS = {"allreduce": (0, "MPI_Allreduce", "MPI_Iallreduce"),
          "reduce_scatter": (1, "MPI_Reduce_scatter_block", "MPI_Ireduce_scatter_block"),
          "allgather": (2, "MPI_Allgather", "MPI_Iallgather"),
          "bcast": (3, "MPI_Bcast", "MPI_Ibcast"),
-         "reduce": (4, "MPI_Reduce", "MPI_Ireduce")}
+         "reduce": (4, "MPI_Reduce", "MPI_Ireduce"),
+         "gather": (5, "MPI_Gather", "MPI_Igather"),
+         "scatter": (6, "MPI_Scatter", "MPI_Iscatter"),
+         "alltoall": (7, "MPI_Alltoall", "MPI_Ialltoall"),
+         "allgatherv": (8, "MPI_Allgatherv", "MPI_Iallgatherv"),
+         "reduce_scatter_v": (9, "MPI_Reduce_scatter", "MPI_Ireduce_scatter"),
+         "gatherv": (10, "MPI_Gatherv", "MPI_Igatherv"),
+         "scatterv": (11, "MPI_Scatterv", "MPI_Iscatterv"),
+         "alltoallv": (12, "MPI_Alltoallv", "MPI_Ialltoallv")}
 
 # context words: a head, then _CALL words per call
 _TESTALL, _REQ_BYTES, _REQS, _STATUSES, _FLAG, _FAULT_AT, _ERROR = range(7)
 _HEAD = 8
-# per call: kind, blocking, function, send, recv, count, datatype, op, root, comm
-_KIND, _BLOCKING, _FN, _SEND, _RECV, _COUNT, _TYPE, _OP, _ROOT, _COMM = range(10)
-_CALL = 10
+# per call: kind, blocking, function, send, recv, count, datatype, op, root, comm, and the
+# address of an uneven form's int32 counts and displacements (:func:`_count_words`) and
+# the communicator's size
+_KIND, _BLOCKING, _FN, _SEND, _RECV, _COUNT, _TYPE, _OP, _ROOT, _COMM, _COUNTS, _SIZE = \
+    range(12)
+_CALL = 12
 
 
 def define(compile):
@@ -71,7 +84,10 @@ def define(compile):
                 ctx[w + _ROOT], ctx[w + _COMM]
             req = head[_REQS] + i * head[_REQ_BYTES]
             blocking = ctx[w + _BLOCKING]
-            if kind == 0 or kind == 1:  # allreduce, reduce_scatter: the same signature
+            if kind >= 5:
+                err = _start_more(kind, blocking, fn, send, recv, count, dtype, op, root,
+                                  comm, req, ctx[w + _COUNTS], 4 * ctx[w + _SIZE])
+            elif kind == 0 or kind == 1:  # allreduce, reduce_scatter: the same signature
                 err = ccall6(fn, send, recv, count, dtype, op, comm) if blocking else \
                     ccall7(fn, send, recv, count, dtype, op, comm, req)
             elif kind == 2:
@@ -100,6 +116,37 @@ def define(compile):
         return 1 if ctx[_FLAG] & 0xFFFFFFFF else 0
 
     return start, test
+
+
+@njit(cache=True)
+def _start_more(kind, blocking, fn, send, recv, count, dtype, op, root, comm, req, at, p4):
+    """Start a collective of kind 5 and on (gather .. alltoallv, :data:`KINDS`); ``at``: the
+    address of its int32 counts and displacements (:func:`_count_words`), ``p4``: the bytes
+    of ``p`` of them."""
+    if kind == 5 or kind == 6:  # gather, scatter
+        return ccall8(fn, send, count, dtype, recv, count, dtype, root, comm) if blocking \
+            else ccall9(fn, send, count, dtype, recv, count, dtype, root, comm, req)
+    if kind == 7:  # alltoall
+        return ccall7(fn, send, count, dtype, recv, count, dtype, comm) if blocking else \
+            ccall8(fn, send, count, dtype, recv, count, dtype, comm, req)
+    if kind == 8:  # allgatherv
+        return ccall8(fn, send, count, dtype, recv, at, at + p4, dtype, comm) if blocking \
+            else ccall9(fn, send, count, dtype, recv, at, at + p4, dtype, comm, req)
+    if kind == 9:  # reduce_scatter (uneven)
+        return ccall6(fn, send, recv, at, dtype, op, comm) if blocking else \
+            ccall7(fn, send, recv, at, dtype, op, comm, req)
+    if kind == 10:  # gatherv
+        return ccall9(fn, send, count, dtype, recv, at, at + p4, dtype, root, comm) \
+            if blocking else \
+            ccall10(fn, send, count, dtype, recv, at, at + p4, dtype, root, comm, req)
+    if kind == 11:  # scatterv
+        return ccall9(fn, send, at, at + p4, dtype, recv, count, dtype, root, comm) \
+            if blocking else \
+            ccall10(fn, send, at, at + p4, dtype, recv, count, dtype, root, comm, req)
+    # alltoallv
+    return ccall9(fn, send, at, at + p4, dtype, recv, at + 2 * p4, at + 3 * p4, dtype, comm) \
+        if blocking else \
+        ccall10(fn, send, at, at + p4, dtype, recv, at + 2 * p4, at + 3 * p4, dtype, comm, req)
 
 
 def _mpi_op(op: str):
@@ -180,6 +227,7 @@ class LibraryCollectives(Transport):
         self._requests = [MPI.REQUEST_NULL] * len(self.calls)
         self._fault = None
         self._ctx = None
+        self._counts = [_count_words(c, comm.Get_size()) for c in self.calls]
         try:
             fns = [symbol(KINDS[c.kind][1 if c.blocking else 2]) for c in self.calls]
             testall = symbol("MPI_Testall")
@@ -198,7 +246,8 @@ class LibraryCollectives(Transport):
             ctx[_HEAD + _CALL * i:_HEAD + _CALL * (i + 1)] = [
                 KINDS[c.kind][0], int(c.blocking), fn,
                 _word(int(MPI.IN_PLACE)) if c.send is None else c.send,
-                c.recv, c.count, handles[0], handles[1], c.root, handles[2]]
+                c.recv, c.count, handles[0], handles[1], c.root, handles[2],
+                _address(self._counts[i]) if self._counts[i].size else 0, comm.Get_size()]
         self._ctx = ctx
         self.compiled = (_address(ctx), *compile_calls(define))
 
@@ -214,37 +263,41 @@ class LibraryCollectives(Transport):
         p = self.comm.Get_size()
         for i in range(first, first + n):
             c = self.calls[i]
-            ins = c.count * p if c.kind == "reduce_scatter" else c.count
-            # in place, a reduce-scatter's result buffer holds every rank's block first
-            outs = c.count * p if c.kind == "allgather" or (
-                c.kind == "reduce_scatter" and c.send is None) else c.count
+            ins, outs = _lengths(c, p)
             send = self._message(c.send, ins, size)
             recv = self._message(c.recv, outs, size)
             try:
-                self._requests[i] = self._call(c, send, recv)
+                self._requests[i] = self._call(c, send, recv, self._counts[i])
             except MPI.Exception as exc:
                 self._fault = exc.Get_error_code()
                 return FAULT
         return 0
 
-    def _call(self, c, send, recv):
-        """The call's request (MPI.REQUEST_NULL for a blocking call, complete)."""
-        comm, op, blocking = self.comm, self.op, c.blocking
-        if c.kind == "allreduce":
-            call, args = (comm.Allreduce, comm.Iallreduce), (send, recv, op)
-        elif c.kind == "reduce_scatter":
-            call, args = (comm.Reduce_scatter_block, comm.Ireduce_scatter_block), \
-                (send, recv, op)
-        elif c.kind == "allgather":
-            call, args = (comm.Allgather, comm.Iallgather), (send, recv)
-        elif c.kind == "bcast":
-            call, args = (comm.Bcast, comm.Ibcast), (recv, c.root)
-        else:
-            call, args = (comm.Reduce, comm.Ireduce), (send, recv, op, c.root)
+    def _call(self, c, send, recv, words):
+        """The call's request (MPI.REQUEST_NULL for a blocking call, complete); ``words``:
+        its counts and displacements (:func:`_count_words`)."""
+        comm, op, blocking, kind, root = self.comm, self.op, c.blocking, c.kind, c.root
+        p = comm.Get_size()
+        v = lambda spec, k: [spec[0], (words[k * p:(k + 1) * p], words[(k + 1) * p:(k + 2) * p]),
+                             self.datatype] if spec is not MPI.IN_PLACE else spec
+        name, args = {
+            "allreduce": ("Allreduce", lambda: (send, recv, op)),
+            "reduce_scatter": ("Reduce_scatter_block", lambda: (send, recv, op)),
+            "allgather": ("Allgather", lambda: (send, recv)),
+            "bcast": ("Bcast", lambda: (recv, root)),
+            "reduce": ("Reduce", lambda: (send, recv, op, root)),
+            "gather": ("Gather", lambda: (send, recv, root)),
+            "scatter": ("Scatter", lambda: (send, recv, root)),
+            "alltoall": ("Alltoall", lambda: (send, recv)),
+            "allgatherv": ("Allgatherv", lambda: (send, v(recv, 0))),
+            "reduce_scatter_v": ("Reduce_scatter", lambda: (send, recv, words[:p], op)),
+            "gatherv": ("Gatherv", lambda: (send, v(recv, 0), root)),
+            "scatterv": ("Scatterv", lambda: (v(send, 0), recv, root)),
+            "alltoallv": ("Alltoallv", lambda: (v(send, 0), v(recv, 2)))}[kind]
         if blocking:
-            call[0](*args)
+            getattr(comm, name)(*args())
             return MPI.REQUEST_NULL
-        return call[1](*args)
+        return getattr(comm, "I" + name[0].lower() + name[1:])(*args())
 
     def test(self, first, n):
         try:
@@ -267,6 +320,33 @@ class LibraryCollectives(Transport):
         self.compiled = None
 
 
+def _lengths(c, p) -> tuple:
+    """The elements a :class:`NativeCall` reads from ``send`` and writes at ``recv`` (every
+    rank's block where it is in place)."""
+    kind, n, counts = c.kind, c.count, c.counts
+    if kind == "alltoallv":
+        return sum(counts[:p]), sum(counts[p:])
+    whole, in_place = sum(counts), c.send is None
+    return {"reduce_scatter": (n * p, n * p if in_place else n), "allgather": (n, n * p),
+            "gather": (n, n * p), "scatter": (n * p, n), "alltoall": (n * p, n * p),
+            "allgatherv": (n, whole), "reduce_scatter_v": (whole, whole if in_place else n),
+            "gatherv": (n, whole), "scatterv": (whole, n)}.get(kind, (n, n))
+
+
+def _count_words(c, p) -> np.ndarray:
+    """A :class:`NativeCall`'s counts as MPI takes them, int32: the counts and their
+    displacements (the exclusive prefix sums); an all-to-all-v's sendcounts, sdispls,
+    recvcounts and rdispls; a reduce-scatter's counts alone; none for the even forms (and a
+    gatherv's or scatterv's rank other than the root: p zeros, twice)."""
+    if c.kind not in ("allgatherv", "reduce_scatter_v", "gatherv", "scatterv", "alltoallv"):
+        return np.zeros(0, np.int32)
+    counts = np.asarray(c.counts or (0,) * p, np.int64).reshape(-1, p)
+    if c.kind == "reduce_scatter_v":
+        return counts[0].astype(np.int32)
+    displs = np.cumsum(counts, axis=1) - counts
+    return np.stack([counts, displs], axis=1).reshape(-1).astype(np.int32)
+
+
 def _word(value: int) -> int:
     """A handle or address as an int64 word: MPICH's handles are C ``int`` s that mpi4py
     gives as unsigned, its ``MPI_IN_PLACE`` is ``(void *) -1``."""
@@ -286,6 +366,6 @@ def bind(site) -> LibraryCollectives:
         raise TypeError(f"{plan.describe()} runs on host buffers here; device buffers "
                         f"go to the MPI library through mlcomm.allreduce")
     calls = [NativeCall(c.kind, None if c.send == INPUT_IN_OUTPUT else at[c.send] + c.send_at,
-                        at[c.recv] + c.recv_at, c.count, c.root, c.blocking)
+                        at[c.recv] + c.recv_at, c.count, c.root, c.blocking, c.counts)
              for c in plan.program.calls]
     return LibraryCollectives(site.comm, calls, plan.dtype, plan.op)
