@@ -1,13 +1,15 @@
 """All-gather by recursive doubling and by Bruck's algorithm.
 
-Rank r's ``count`` elements land in block r of every rank's output, as in the ring.
+Rank r's ``count`` elements land in block r of every rank's output, as in the ring. The
+schedules themselves (:func:`doubling_schedule`, :func:`bruck_schedule`) take the blocks'
+offsets, so the uneven all-gather (:mod:`.uneven`) runs them on blocks of any sizes.
 """
 
 from ..ir.schedule import INPUT, OUTPUT, SCRATCH, Region, Timeline
 from ._common import log2ceil
 from ._registry import register
 
-__all__ = ["recursive_doubling", "bruck"]
+__all__ = ["recursive_doubling", "bruck", "doubling_schedule", "bruck_schedule"]
 
 
 def recursive_doubling(rank, size, count, itemsize):
@@ -16,8 +18,15 @@ def recursive_doubling(rank, size, count, itemsize):
     doubling each round. For p not a power of two, as in MPICH: where a subtree's partner
     subtree is cut short by p, the ranks whose partners exist hand what they received down
     to the others of their subtree, in halving steps."""
+    return doubling_schedule(rank, size, [j * count for j in range(size + 1)])
+
+
+def doubling_schedule(rank, size, at):
+    """:func:`recursive_doubling`'s schedule on the blocks at offsets ``at`` (p + 1 of them:
+    block j is ``output[at[j]:at[j + 1]]``, this rank's input is block ``rank``)."""
     tl = Timeline(rank, size)
-    blocks = lambda lo, hi: Region(OUTPUT, lo * count, (min(hi, size) - lo) * count)
+    blocks = lambda lo, hi: Region(OUTPUT, at[lo], at[min(hi, size)] - at[lo])
+    count = at[rank + 1] - at[rank]
     tl.copy(0, blocks(rank, rank + 1), Region(INPUT, 0, count))
     t, mask = 1, 1
     while mask < size:
@@ -30,7 +39,7 @@ def recursive_doubling(rank, size, count, itemsize):
         if mine < theirs < size < theirs + mask:
             t = _hand_down(tl, t, mask, size - theirs, blocks(theirs, size))
         mask <<= 1
-    return tl.schedule(count, size * count)
+    return tl.schedule(count, at[size])
 
 
 def _hand_down(tl, t, mask, done, region):
@@ -54,12 +63,23 @@ def bruck(rank, size, count, itemsize):
     receives as many from rank r + 2^k behind them, ⌈log₂ p⌉ steps; a local rotation then
     puts every block in place. Rank 0's order is the output's own: it collects straight
     into the output, the others in scratch."""
+    return bruck_schedule(rank, size, [j * count for j in range(size + 1)])
+
+
+def bruck_schedule(rank, size, at):
+    """:func:`bruck`'s schedule on the blocks at offsets ``at`` (as in
+    :func:`doubling_schedule`); the blocks this rank holds lie packed in its order."""
     tl = Timeline(rank, size)
+    count = at[rank + 1] - at[rank]
     into = OUTPUT if rank == 0 else SCRATCH
-    held = lambda lo, hi: Region(into, lo * count, (hi - lo) * count)
-    tl.copy(0, Region(OUTPUT, rank * count, count), Region(INPUT, 0, count))
+    order = [0]  # held block i is block (rank + i) mod p, at order[i]
+    for i in range(size):
+        j = (rank + i) % size
+        order.append(order[-1] + at[j + 1] - at[j])
+    held = lambda lo, hi: Region(into, order[lo], order[hi] - order[lo])
+    tl.copy(0, Region(OUTPUT, at[rank], count), Region(INPUT, 0, count))
     if rank:
-        tl.need_scratch(size * count)
+        tl.need_scratch(at[size])
         tl.copy(0, held(0, 1), Region(INPUT, 0, count))
     t, dist = 1, 1
     while dist < size:
@@ -67,11 +87,10 @@ def bruck(rank, size, count, itemsize):
         tl.send(t, (rank - dist) % size, held(0, m))
         tl.recv(t, (rank + dist) % size, held(dist, dist + m))
         t, dist = t + 1, 2 * dist
-    if rank:  # held block i is block (rank + i) mod p
-        tl.copy(t, Region(OUTPUT, (rank + 1) * count, (size - rank - 1) * count),
-                held(1, size - rank))
-        tl.copy(t, Region(OUTPUT, 0, rank * count), held(size - rank, size))
-    return tl.schedule(count, size * count)
+    if rank:
+        tl.copy(t, Region(OUTPUT, at[rank + 1], at[size] - at[rank + 1]), held(1, size - rank))
+        tl.copy(t, Region(OUTPUT, 0, at[rank]), held(size - rank, size))
+    return tl.schedule(count, at[size])
 
 
 def _recursive_doubling_cost(p, nbytes, alpha, beta, gamma):

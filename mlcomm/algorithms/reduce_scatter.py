@@ -2,7 +2,9 @@
 
 The input holds p blocks of ``count``; rank r ends with block r reduced over every rank, as
 in the ring. An in-place call's output is the input's first block, so each writes its output
-only once it has read every block of its input.
+only once it has read every block of its input. Pairwise exchange's schedule itself
+(:func:`pairwise_schedule`) takes the blocks' offsets, so the uneven reduce-scatter
+(:mod:`.uneven`) runs it on blocks of any sizes.
 """
 
 from ..ir.schedule import INPUT, OUTPUT, SCRATCH, Region, Timeline
@@ -10,7 +12,7 @@ from ._pieces import fold, halving, unfold
 from ._registry import register
 from .collectives import _ring_cost
 
-__all__ = ["recursive_halving", "pairwise"]
+__all__ = ["recursive_halving", "pairwise", "pairwise_schedule"]
 
 
 def recursive_halving(rank, size, count, itemsize):
@@ -52,12 +54,19 @@ def pairwise(rank, size, count, itemsize):
     to that rank and receives its own block from rank (r + k) mod p, reducing it into the
     partial sum (in scratch, landing slots alternating so that a reduction overlaps the
     next transfer); the last step reduces into the output."""
+    return pairwise_schedule(rank, size, [j * count for j in range(size + 1)])
+
+
+def pairwise_schedule(rank, size, at):
+    """:func:`pairwise`'s schedule on the input blocks at offsets ``at`` (p + 1 of them:
+    block j is ``input[at[j]:at[j + 1]]``, and this rank's output is block ``rank``)."""
     tl = Timeline(rank, size)
-    block = lambda b: Region(INPUT, b * count, count)
+    count = at[rank + 1] - at[rank]
+    block = lambda b: Region(INPUT, at[b], at[b + 1] - at[b])
     out, partial = Region(OUTPUT, 0, count), block(rank)
     if size == 1:
         tl.copy(0, out, partial)
-        return tl.schedule(size * count, count)
+        return tl.schedule(at[size], count)
     tl.need_scratch(3 * count)
     acc = Region(SCRATCH, 0, count)
     for k in range(1, size):
@@ -66,7 +75,7 @@ def pairwise(rank, size, count, itemsize):
         tl.recv(k, (rank + k) % size, landing)
         tl.reduce(k, out if k == size - 1 else acc, landing, left=partial)
         partial = acc
-    return tl.schedule(size * count, count)
+    return tl.schedule(at[size], count)
 
 
 def _recursive_halving_cost(p, nbytes, alpha, beta, gamma):
