@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from . import api, kernels
 from .buffers import gpu
-from .buffers.arrays import from_spec, from_vspec
+from .buffers.arrays import from_spec, from_vspec, packed
 from .algorithms import AUTO, COLLECTIVES, resolve
 from .session import session_of
 from .transport.mpi.names import op_name
@@ -27,6 +27,17 @@ def _plain(*specs):
         return [from_spec(s) for s in specs]
     except (TypeError, ValueError, KeyError):
         return None
+
+
+def _whole(*specs):
+    """:func:`_plain` for specs that give no count (a buffer, or ``[buffer, datatype]``):
+    a count in a spec of an all-to-all, gather or scatter is per rank, which the library
+    takes."""
+    if any(isinstance(s, (list, tuple)) and not (len(s) == 2 and
+                                                  isinstance(s[1], MPI.Datatype))
+           for s in specs):
+        return None
+    return _plain(*specs)
 
 
 def _per_collective(algorithm) -> dict:
@@ -183,60 +194,80 @@ class Comm(MPI.Intracomm):
 
     def Gather(self, sendbuf, recvbuf, root=0):
         root_here = self.Get_rank() == root
-        arrays = _plain(sendbuf, recvbuf if root_here else None)
+        arrays = _whole(sendbuf, recvbuf if root_here else None)
         if arrays is None or arrays[0] is None or root_here and arrays[1] is None:
             return self._library("Igather", "Gather", sendbuf, recvbuf, root)
         api.gather(arrays[0], arrays[1], root, comm=self, algorithm=self._algorithms["gather"])
 
     def Scatter(self, sendbuf, recvbuf, root=0):
         root_here = self.Get_rank() == root
-        arrays = _plain(sendbuf if root_here else None, recvbuf)
-        if arrays is None or arrays[1] in (None, MPI.IN_PLACE) or \
+        arrays = _whole(sendbuf if root_here else None, recvbuf)
+        if arrays is None or arrays[1] is None or arrays[1] is MPI.IN_PLACE or \
                 root_here and arrays[0] is None:
             return self._library("Iscatter", "Scatter", sendbuf, recvbuf, root)
         api.scatter(arrays[0], arrays[1], root, comm=self,
                     algorithm=self._algorithms["scatter"])
 
     def Alltoall(self, sendbuf, recvbuf):
-        arrays = _plain(sendbuf, recvbuf)
+        arrays = _whole(sendbuf, recvbuf)
         if arrays is None or any(a is None or a is MPI.IN_PLACE for a in arrays):
             return self._library("Ialltoall", "Alltoall", sendbuf, recvbuf)
         api.alltoall(arrays[0], arrays[1], comm=self, algorithm=self._algorithms["alltoall"])
 
+    def _vector(self, spec):
+        """``(blocks, counts, unpack)`` of a vector spec (:func:`packed`), or None where the
+        library takes it."""
+        try:
+            found = from_vspec(spec, self.Get_size())
+        except (TypeError, ValueError, KeyError):
+            return None
+        if found is None or found is MPI.IN_PLACE:
+            return None
+        blocks, unpack = packed(*found)
+        return blocks, found[1], unpack
+
+    @staticmethod
+    def _done(*vectors):
+        for v in vectors:
+            if v is not None and v[2] is not None:
+                v[2]()
+
     def Gatherv(self, sendbuf, recvbuf, root=0):
-        root_here, p = self.Get_rank() == root, self.Get_size()
+        root_here = self.Get_rank() == root
         send = _plain(sendbuf)
-        recv = from_vspec(recvbuf, p) if root_here else (None, None)
-        if send is None or send[0] is None or recv is None or root_here and \
-                (recvbuf is None or send[0] is MPI.IN_PLACE):
+        recv = self._vector(recvbuf) if root_here else None
+        if send is None or send[0] is None or send[0] is MPI.IN_PLACE or \
+                root_here and recv is None:
             return self._library("Igatherv", "Gatherv", sendbuf, recvbuf, root)
-        api.gatherv(send[0], recv[0], recv[1], root, comm=self,
+        api.gatherv(send[0], recv and recv[0], recv and recv[1], root, comm=self,
                     algorithm=self._algorithms["gatherv"])
+        self._done(recv)
 
     def Scatterv(self, sendbuf, recvbuf, root=0):
-        root_here, p = self.Get_rank() == root, self.Get_size()
-        send = from_vspec(sendbuf, p) if root_here else (None, None)
+        root_here = self.Get_rank() == root
+        send = self._vector(sendbuf) if root_here else None
         recv = _plain(recvbuf)
-        if send is None or recv is None or recv[0] in (None, MPI.IN_PLACE) or \
-                root_here and sendbuf is None:
+        if recv is None or recv[0] is None or recv[0] is MPI.IN_PLACE or \
+                root_here and send is None:
             return self._library("Iscatterv", "Scatterv", sendbuf, recvbuf, root)
-        api.scatterv(send[0], recv[0], send[1], root, comm=self,
+        api.scatterv(send and send[0], recv[0], send and send[1], root, comm=self,
                      algorithm=self._algorithms["scatterv"])
 
     def Allgatherv(self, sendbuf, recvbuf):
-        send, recv = _plain(sendbuf), from_vspec(recvbuf, self.Get_size())
-        if send is None or send[0] is None or recv is None or recvbuf is None:
+        send, recv = _plain(sendbuf), self._vector(recvbuf)
+        if send is None or send[0] is None or send[0] is MPI.IN_PLACE or recv is None:
             return self._library("Iallgatherv", "Allgatherv", sendbuf, recvbuf)
         api.allgatherv(send[0], recv[0], recv[1], comm=self,
                        algorithm=self._algorithms["allgatherv"])
+        self._done(recv)
 
     def Alltoallv(self, sendbuf, recvbuf):
-        p = self.Get_size()
-        send, recv = from_vspec(sendbuf, p), from_vspec(recvbuf, p)
-        if send is None or recv is None or sendbuf is MPI.IN_PLACE or recvbuf is None:
+        send, recv = self._vector(sendbuf), self._vector(recvbuf)
+        if send is None or recv is None:
             return self._library("Ialltoallv", "Alltoallv", sendbuf, recvbuf)
         api.alltoallv(send[0], send[1], recv[0], recv[1], comm=self,
                       algorithm=self._algorithms["alltoallv"])
+        self._done(recv)
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
         arrays = _plain(sendbuf, recvbuf)

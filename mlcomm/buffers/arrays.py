@@ -86,12 +86,11 @@ def from_spec(spec):
 
 
 def from_vspec(spec, blocks: int):
-    """``(array, counts)`` of an mpi4py vector buffer spec (``[buf, counts, displs,
-    datatype]`` and its shorter forms, as mpi4py reads them) over ``blocks`` ranks, its
-    blocks one after another from element 0: ``array`` the 1-D view of those blocks,
-    ``counts`` a tuple. None and ``MPI.IN_PLACE`` come back as given; None for a spec that
-    is not plain or whose displacements leave gaps or overlap (the MPI library takes
-    those)."""
+    """``(array, counts, displs)`` of an mpi4py vector buffer spec (``[buf, counts, displs,
+    datatype]`` and its shorter forms, as mpi4py reads them) over ``blocks`` ranks:
+    ``array`` the whole buffer, 1-D; ``counts`` and ``displs`` tuples, in elements. None and
+    ``MPI.IN_PLACE`` come back as given; None for a spec that is not plain (the MPI library
+    takes those)."""
     from mpi4py import MPI
     if spec is None or spec is MPI.IN_PLACE:
         return spec
@@ -116,11 +115,31 @@ def from_vspec(spec, blocks: int):
     elif isinstance(counts, (int, np.integer)):
         counts = [int(counts)] * blocks
     counts = tuple(int(c) for c in counts)
-    if isinstance(displs, (int, np.integer)):
+    if displs is None:
+        displs = np.concatenate([[0], np.cumsum(counts[:-1], dtype=np.int64)]).tolist() \
+            if counts else []
+    elif isinstance(displs, (int, np.integer)):
         displs = [int(displs) * i for i in range(blocks)]
-    packed = np.concatenate([[0], np.cumsum(counts[:-1], dtype=np.int64)]).tolist() \
-        if counts else []
-    if len(counts) != blocks or displs is not None and list(displs) != packed or \
-            sum(counts) > arr.size:
+    displs = tuple(int(d) for d in displs)
+    if len(counts) != blocks or len(displs) != blocks or \
+            any(d < 0 or d + c > arr.size for c, d in zip(counts, displs)):
         return None
-    return arr[:sum(counts)], counts
+    return arr, counts, displs
+
+
+def packed(arr, counts, displs):
+    """``(blocks, unpack)``: the blocks of ``arr`` at ``displs`` one after another (a view
+    where they are so already, else a copy), and None or what copies a packed result back
+    into place."""
+    at = 0
+    if all(d == (at := at + c) - c for c, d in zip(counts, displs)):
+        return arr[:sum(counts)], None
+    blocks = np.concatenate([arr[d:d + c] for c, d in zip(counts, displs)]) if counts \
+        else arr[:0].copy()
+
+    def unpack():
+        k = 0
+        for c, d in zip(counts, displs):
+            arr[d:d + c] = blocks[k:k + c]
+            k += c
+    return blocks, unpack
