@@ -10,6 +10,7 @@ alias); a collective without one runs its ``auto``. The communicators it makes
 
 from __future__ import annotations
 
+import numpy as np
 from mpi4py import MPI
 
 from . import api, kernels
@@ -192,8 +193,13 @@ class Comm(MPI.Intracomm):
         api.reduce(arrays[0], arrays[1], name, root, comm=self,
                    algorithm=self._algorithms["reduce"])
 
+    # A rooted collective's path must be the same on every rank: where the root's buffers
+    # are plain, its in-place forms (None as mpi4py takes it, or IN_PLACE) run in mlcomm too.
+
     def Gather(self, sendbuf, recvbuf, root=0):
         root_here = self.Get_rank() == root
+        if root_here and sendbuf is None:
+            sendbuf = MPI.IN_PLACE
         arrays = _whole(sendbuf, recvbuf if root_here else None)
         if arrays is None or arrays[0] is None or root_here and arrays[1] is None:
             return self._library("Igather", "Gather", sendbuf, recvbuf, root)
@@ -202,6 +208,9 @@ class Comm(MPI.Intracomm):
     def Scatter(self, sendbuf, recvbuf, root=0):
         root_here = self.Get_rank() == root
         arrays = _whole(sendbuf if root_here else None, recvbuf)
+        if arrays is not None and root_here and arrays[0] is not None and \
+                arrays[1] in (None, MPI.IN_PLACE):  # the root's block stays where it is
+            arrays[1] = np.empty(arrays[0].size // self.Get_size(), arrays[0].dtype)
         if arrays is None or arrays[1] is None or arrays[1] is MPI.IN_PLACE or \
                 root_here and arrays[0] is None:
             return self._library("Iscatter", "Scatter", sendbuf, recvbuf, root)
@@ -234,9 +243,11 @@ class Comm(MPI.Intracomm):
 
     def Gatherv(self, sendbuf, recvbuf, root=0):
         root_here = self.Get_rank() == root
+        if root_here and sendbuf is None:
+            sendbuf = MPI.IN_PLACE
         send = _plain(sendbuf)
         recv = self._vector(recvbuf) if root_here else None
-        if send is None or send[0] is None or send[0] is MPI.IN_PLACE or \
+        if send is None or send[0] is None or send[0] is MPI.IN_PLACE and not root_here or \
                 root_here and recv is None:
             return self._library("Igatherv", "Gatherv", sendbuf, recvbuf, root)
         api.gatherv(send[0], recv and recv[0], recv and recv[1], root, comm=self,
@@ -247,6 +258,9 @@ class Comm(MPI.Intracomm):
         root_here = self.Get_rank() == root
         send = self._vector(sendbuf) if root_here else None
         recv = _plain(recvbuf)
+        if recv is not None and root_here and send is not None and \
+                recv[0] in (None, MPI.IN_PLACE):  # the root's block stays where it is
+            recv = [np.empty(send[1][root], send[0].dtype)]
         if recv is None or recv[0] is None or recv[0] is MPI.IN_PLACE or \
                 root_here and send is None:
             return self._library("Iscatterv", "Scatterv", sendbuf, recvbuf, root)
@@ -272,7 +286,8 @@ class Comm(MPI.Intracomm):
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
         arrays = _plain(sendbuf, recvbuf)
         name = self._reducible(arrays, op)
-        if name is None or recvcounts is None or arrays[0] is MPI.IN_PLACE:
+        if name is None or recvcounts is None or arrays[0] is MPI.IN_PLACE or \
+                sendbuf is recvbuf:  # in place, which mpi4py takes the same buffer as
             return self._library("Ireduce_scatter", "Reduce_scatter", sendbuf, recvbuf,
                                  recvcounts, op)
         api.reduce_scatter_v(arrays[0], arrays[1], tuple(recvcounts), name, comm=self,

@@ -88,9 +88,8 @@ def _host(session, call, own=False, own_output=False) -> BoundCall:
     if name == AUTO:  # an all-reduce's trial runs on its host arrays
         host = collective == "allreduce" and type(inp) is np.ndarray and \
             type(out) is np.ndarray
-        # the uneven forms' counts differ from rank to rank: auto agrees on the layout only
-        name, options = agreed_choice(session, collective,
-                                      0 if call.counts else call.count, dtype, opname,
+        name, options = agreed_choice(session, collective, call.shared_count(session.size),
+                                      dtype, opname,
                                       device=isinstance(out, DeviceVector),
                                       buffers=(inp, out) if host else None)
         held, session.held_result = session.held_result, None

@@ -108,6 +108,15 @@ class Call:
                 self.out.dtype.str, self.opname, self.root, sorted(self.options.items()),
                 counts)
 
+    def shared_count(self, size) -> int:
+        """The count that every rank's call shares, on which ``auto`` agrees: the schedule's
+        count; an uneven all-gather's or reduce-scatter's mean block; 0 for the other uneven
+        forms, whose counts differ from rank to rank."""
+        counts = self.counts.get("counts")
+        if self.collective in ("allgatherv", "reduce_scatter_v"):
+            return sum(counts) // size
+        return 0 if self.counts else self.count
+
     def result(self, rank):
         """What the public function returns, given the output array the plan writes."""
         collective, out, sendbuf, recvbuf = self.collective, self.out, self.sendbuf, self.recvbuf

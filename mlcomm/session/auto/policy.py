@@ -13,6 +13,7 @@ import logging
 from ... import config
 from ...algorithms import ALGORITHMS, AUTO, COLLECTIVES, MPI_NATIVE, Layout, resolve, weighed
 from ...model.cost import auto_candidates, explain
+from ...model.machine import load_profile
 from ...runtime.frame import compiled_supports
 from ...transport.native import supports as library_supports
 from . import tuning
@@ -71,15 +72,33 @@ def auto_choice(collective: str, p: int, nbytes: int, *, dtype=None, op=None,
     algorithms whose registry entry is weighed on the node layout), plus the loop's per-step
     and per-op overhead and its local copies, is evaluated with the calibrated profile
     (``mlcomm calibrate``; built-in defaults without one). The other collectives take the
-    node window's algorithm where it is weighed, else the first flat one. ``MLCOMM_DEBUG=1``
+    node window's algorithm where it is weighed, else the flat one of least closed-form
+    cost (:func:`_other_choice`). ``MLCOMM_DEBUG=1``
     logs the choice and every candidate's prediction.
     """
-    if collective != "allreduce":  # the node window's where it is weighed, else a flat one
-        names = weighed(Layout(p, nodes), device, collective)
-        return next((name for name in names if COLLECTIVES[collective][name].context),
-                    names[0] if names else MPI_NATIVE)
+    if collective != "allreduce":
+        return _other_choice(collective, p, nbytes, dtype, op, nodes, device)
     choice, times, profile = explain(p, nbytes, dtype=dtype, op=op, itemsize=itemsize,
                                      nodes=nodes, device=device)
+    _log_prediction(p, nbytes, choice, times, profile)
+    return choice
+
+
+def _other_choice(collective, p, nbytes, dtype, op, nodes, device) -> str:
+    """A collective other than all-reduce: the node window's where it is weighed, else the
+    flat algorithm of least closed-form cost for ``nbytes`` (the count the schedule takes,
+    in bytes: a rank's block) on the profile's alpha, beta and gamma (the first registered
+    of equals), else the library's own call."""
+    table = COLLECTIVES[collective]
+    names = weighed(Layout(p, nodes), device, collective)
+    window = [name for name in names if table[name].context]
+    if window or not names:
+        return window[0] if window else MPI_NATIVE
+    profile = load_profile()
+    gamma = profile.gamma_for(dtype, op)
+    times = {name: table[name].cost(p, nbytes, profile.alpha, profile.beta, gamma,
+                                    **table[name].options) for name in names}
+    choice = min(names, key=lambda name: round(times[name], 15))
     _log_prediction(p, nbytes, choice, times, profile)
     return choice
 
