@@ -17,7 +17,7 @@ from .buffers.arrays import flat
 from .runtime.progress import Request
 from .session import Call, bind, session_of
 from .session.call import comm_of
-from .session.binder import VALIDATE
+from .session.binder import VALIDATE, validating
 from .session.memo import CALLS, LAST, MISS
 
 __all__ = ["allreduce", "iallreduce", "istart", "allreduce_init", "init", "Persistent",
@@ -300,6 +300,8 @@ def alltoallv(sendbuf, sendcounts, recvbuf=None, recvcounts=None, *, comm=None,
     collective per call)."""
     if recvcounts is None:
         recvcounts = _exchanged_counts(sendcounts, comm)
+    elif validating(validate):
+        _check_splits(sendcounts, recvcounts, comm)
     return _front("alltoallv", sendbuf, recvbuf, "sum", comm, algorithm, 0, validate,
                   dict(options, sendcounts=sendcounts, recvcounts=recvcounts))
 
@@ -314,6 +316,23 @@ def _gathered_sizes(sendbuf, recvbuf, comm) -> tuple:
     every = np.empty(comm.Get_size(), np.int64)
     comm.Allgather(mine, every)
     return tuple(every.tolist())
+
+
+def _check_splits(sendcounts, recvcounts, comm) -> None:
+    """Raise ValueError on every rank where a rank's ``recvcounts`` differ from what its
+    peers send it (``validate``)."""
+    comm = comm_of(comm)
+    sent = _exchanged_counts(sendcounts, comm)
+    try:
+        mine = tuple(int(c) for c in recvcounts)
+    except (TypeError, ValueError):
+        mine = None
+    wrong = comm.allgather(None if mine == sent else (mine, sent))
+    bad = {r: w for r, w in enumerate(wrong) if w is not None}
+    if bad:
+        said = "; ".join(f"rank {r} has recvcounts {list(m) if m else m}, its peers send "
+                         f"{list(s)}" for r, (m, s) in bad.items())
+        raise ValueError(f"alltoallv: recvcounts differ from the peers' sendcounts: {said}")
 
 
 def _exchanged_counts(sendcounts, comm) -> tuple:
