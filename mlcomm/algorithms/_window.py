@@ -1,18 +1,21 @@
 """The node window's pieces that ``shared_memory``, ``hierarchical`` and the window's other
-collectives (:mod:`.shm_collectives`) share: the node's barriers, a slot need the same on
-every rank of the node (whose area may rotate), the rounds through a slot's two halves,
-reductions of the slots as their owners post them, single-copy reads of the peers' inputs
-and writes into their outputs, and where a window algorithm applies.
+collectives (:mod:`.shm_collectives`, :mod:`.shm_exchange`) share: the node's barriers, a
+slot need the same on every rank of the node (whose area may rotate), the rounds through a
+slot's two halves and the pieces copied through them, reductions of the slots as their
+owners post them, single-copy reads of the peers' inputs and writes into their outputs, and
+where a window algorithm applies.
 """
 
 from __future__ import annotations
 
 from ..ir.schedule import INPUT, OUTPUT, SCRATCH, TURN_BYTES, Region, Timeline, peer, slot
+from ._common import elements
 
-__all__ = ["node_of", "whole_node", "Barriers", "need_same_slot", "exchange",
-           "reduce_as_posted", "await_addresses", "reduce_from_peers", "write_to_peers",
-           "read_steps", "host_only", "one_node", "DEFAULT_SLOT_BYTES", "SINGLE_COPY_BYTES",
-           "READ_CHUNK_BYTES", "COPY"]
+__all__ = ["node_of", "whole_node", "node_timeline", "Barriers", "need_same_slot", "rounds",
+           "exchange", "through_slots", "reduce_as_posted", "await_addresses",
+           "reduce_from_peers", "write_to_peers", "read_steps", "host_only", "one_node",
+           "more_than_one", "DEFAULT_SLOT_BYTES", "SINGLE_COPY_BYTES", "READ_CHUNK_BYTES",
+           "COPY"]
 
 #: each rank's window slot when the communicator does not say (``MLCOMM_SHM_BYTES``)
 DEFAULT_SLOT_BYTES = 4 << 20
@@ -46,6 +49,11 @@ def whole_node(rank: int, size: int, nodes, what: str, instead: str) -> tuple:
         raise ValueError(f"{what} needs every rank on one node; this communicator spans "
                          f"{len(nodes)} nodes: use {instead}")
     return node
+
+
+def node_timeline(rank: int, size: int, nodes, what: str, instead: str):
+    """:func:`whole_node`'s node, and a :class:`Timeline` for ``rank``."""
+    return whole_node(rank, size, nodes, what, instead), Timeline(rank, size)
 
 
 class Barriers:
@@ -101,6 +109,20 @@ def need_same_slot(tl: Timeline, count: int, itemsize: int) -> None:
     tl.rotates = count * itemsize > TURN_BYTES
 
 
+def rounds(tl, node, longest, slot_bytes, itemsize, parts=1):
+    """The node's barriers begun, and the rounds that carry blocks of up to ``longest``
+    elements through both slot halves, each half cut into ``parts`` areas: the chunk (at most
+    an area) and the chunks' starts. The slot need (one half where one round does) is the
+    same on every rank of the node."""
+    sync = Barriers(tl, node)
+    sync.begin(0)
+    half = elements("slot_bytes", slot_bytes, itemsize) // 2
+    chunk = max(1, min(half // parts, longest))
+    starts = list(range(0, longest, chunk)) or [0]
+    need_same_slot(tl, parts * chunk * (2 if len(starts) > 1 else 1), itemsize)
+    return sync, chunk, starts
+
+
 def reduce_as_posted(tl, t, sync, post, dst, at, count):
     """``dst = slot[node[0]] ⊕ slot[node[1]] ⊕ …`` in local order, each slot awaited (its
     owner's post ``post``) in the step that first reads it, so a rank reduces what has
@@ -138,6 +160,35 @@ def exchange(tl, sync, half, starts, write, read, t=0, reads=None):
         t = read(t, c, base, a, posted)
         reads.append(sync.post(t))
     return t
+
+
+def through_slots(tl, sync, chunk, starts, parts, writes, reads=(), read=None):
+    """:func:`exchange` over halves of ``parts`` areas of ``chunk`` elements. In the round
+    from element ``a`` this rank copies piece ``a:a+chunk`` of each of its ``writes``
+    ``(area, input offset, length)`` into that area of its slot, and of each of its
+    ``reads`` ``(owner, area, output offset, length)`` out of the owner's slot once the
+    owner has posted it, a step a piece (a block shorter than ``a`` has none). ``read``,
+    as :func:`exchange` takes it, replaces the reads (a reduction). Returns the next free
+    step."""
+    mine = slot(tl.rank)
+
+    def write(t, c, base, a):
+        for area, at, n in writes:
+            m = min(chunk, n - a)
+            if m > 0:
+                tl.copy(t, Region(mine, base + area * chunk, m), Region(INPUT, at + a, m))
+
+    def copy_out(t, c, base, a, posted):
+        first = t
+        for q, area, at, n in reads:
+            m = min(chunk, n - a)
+            if m > 0:
+                sync.wait(t, q, posted)
+                tl.copy(t, Region(OUTPUT, at + a, m), Region(slot(q), base + area * chunk, m))
+                t += 1
+        return max(t, first + 1)
+
+    return exchange(tl, sync, parts * chunk, starts, write, read or copy_out)
 
 
 def _read_chunks(lo, hi, itemsize):
@@ -207,3 +258,8 @@ def one_node(layout, device, instead: str) -> str | None:
     nodes = layout.node_count
     return host_only(layout, device) or (f"spans {nodes} nodes (use {instead})" if nodes > 1
                                          else None)
+
+
+def more_than_one(layout, device) -> bool:
+    """``auto`` weighs a window collective wherever it runs on more than one rank."""
+    return layout.size > 1
