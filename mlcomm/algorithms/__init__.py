@@ -5,7 +5,6 @@ from ._window import DEFAULT_SLOT_BYTES
 from . import (naive, single_master, parameter_server, ring, double_binary_tree,  # noqa: F401
                recursive_halving_doubling, recursive_doubling, shared_memory, hierarchical,
                collectives, allgather, reduce_scatter, bcast, reduce, shm_collectives,
-               collectives, allgather, reduce_scatter, bcast, reduce, shm_collectives,
                shm_exchange, gather_scatter, uneven, alltoall, native, auto)
 from .auto import AUTO
 from .native import MPI_NATIVE, native_schedule

@@ -245,6 +245,17 @@ _WHERE = {"context": ("nodes", "slot_bytes"), "refuse": _refuse, "weigh": more_t
           "aliases": ("shm",)}
 
 
+def _asked_only(layout, device):
+    """``auto`` never takes it: gatherv and scatterv through the window need every rank's
+    counts (a rank other than the root may have none), and alltoallv's one round refuses a
+    block past its area on the ranks that have one, while the others would wait. Named
+    (``algorithm='shared_memory'``), it runs."""
+    return False
+
+
+_ASKED = dict(_WHERE, weigh=_asked_only)
+
+
 def _one(p):
     return 1
 
@@ -264,8 +275,8 @@ register("shared_memory", "alltoall", alltoall, _cost(_both_ways, _each), **_WHE
 register("shared_memory", "allgatherv", allgatherv, _ROOTED, {"counts": None}, **_WHERE)
 register("shared_memory", "reduce_scatter_v", reduce_scatter_v,
          _cost(_each, _each, lambda p: p - 1), {"counts": None}, **_WHERE)
-register("shared_memory", "gatherv", gatherv, _ROOTED, {"root": 0, "counts": None}, **_WHERE)
+register("shared_memory", "gatherv", gatherv, _ROOTED, {"root": 0, "counts": None}, **_ASKED)
 register("shared_memory", "scatterv", scatterv, _ROOTED_AREAS, {"root": 0, "counts": None},
-         **_WHERE)
+         **_ASKED)
 register("shared_memory", "alltoallv", alltoallv, _cost(_both_ways, _each, one_round=True),
-         {"sendcounts": None, "recvcounts": None}, **_WHERE)
+         {"sendcounts": None, "recvcounts": None}, **_ASKED)

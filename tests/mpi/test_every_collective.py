@@ -56,7 +56,7 @@ def library(collective, send, counts=None, sendcounts=None, recvcounts=None, roo
         if collective == "gather":
             comm.Gather([send, t], [out, t] if out is not None else None, root)
         else:
-            comm.Gatherv([send, t], [out, counts, t] if out is not None else None, root)
+            comm.Gatherv([send, t], [out, list(counts), t] if out is not None else None, root)
         return out
     if collective in ("scatter", "scatterv"):
         block = counts[RANK] if counts is not None else send.size // P
@@ -64,7 +64,7 @@ def library(collective, send, counts=None, sendcounts=None, recvcounts=None, roo
         if collective == "scatter":
             comm.Scatter([send, t], [out, t], root)
         else:
-            comm.Scatterv([send, counts, t], [out, t], root)
+            comm.Scatterv([send, list(counts), t], [out, t], root)
         return out
     if collective == "alltoall":
         out = np.empty_like(send)
@@ -72,14 +72,14 @@ def library(collective, send, counts=None, sendcounts=None, recvcounts=None, roo
         return out
     if collective == "allgatherv":
         out = np.empty(sum(counts), dt)
-        comm.Allgatherv([send, t], [out, counts, t])
+        comm.Allgatherv([send, t], [out, list(counts), t])
         return out
     if collective == "reduce_scatter_v":
         out = np.empty(counts[RANK], dt)
         comm.Reduce_scatter([send, t], [out, t], list(counts), MPI.SUM)
         return out
     out = np.empty(sum(recvcounts), dt)
-    comm.Alltoallv([send, sendcounts, t], [out, recvcounts, t])
+    comm.Alltoallv([send, list(sendcounts), t], [out, list(recvcounts), t])
     return out
 
 
@@ -89,8 +89,9 @@ def call(collective, name, send, counts=None, sendcounts=None, recvcounts=None, 
     f = getattr(mlcomm, collective)
     if collective in ("gather", "scatter"):
         return f(send, recvbuf, root, algorithm=name)
-    if collective in ("gatherv", "scatterv"):
-        return f(send, recvbuf, counts if RANK == root or recvbuf is None else None, root,
+    if collective in ("gatherv", "scatterv"):  # counts at the root alone, but through the
+        everywhere = name == "shared_memory" or recvbuf is None  # window, where all need them
+        return f(send, recvbuf, counts if RANK == root or everywhere else None, root,
                  algorithm=name)
     if collective == "alltoall":
         return f(send, recvbuf, algorithm=name)

@@ -339,8 +339,13 @@ class NodeSync(Transport):
 
 def digest(plan) -> int:
     """:data:`DIGEST_BITS` bits of ``plan``'s call: its collective, algorithm, count, dtype,
-    op and options (not whether it runs in place), the same in every process."""
+    op and options (not whether it runs in place), the same in every process. An uneven
+    form's count and its per-rank counts (all-to-all-v's) differ from rank to rank, and are
+    left out."""
     collective, algorithm, _, count, dtype, op, options, _ = plan.key
+    if collective.endswith("v"):
+        count = 0
+        options = tuple(kv for kv in options if kv[0] not in ("sendcounts", "recvcounts"))
     call = repr((collective, algorithm, count, dtype.str, op, options)).encode()
     return zlib.crc32(call) & ((1 << DIGEST_BITS) - 1)
 
