@@ -20,7 +20,7 @@ def test_a_checked_call_holds_the_arrays_the_plan_runs_on():
     assert call.inp.shape == (12,) and np.shares_memory(call.inp, x)
     assert call.out.shape == (12,) and not np.shares_memory(call.out, x)
     assert (call.count, call.opname, call.name, call.offset) == (12, "sum", "auto", None)
-    assert call.signature() == ("allreduce", "auto", 12, "<f4", "sum", 0, [])
+    assert call.signature() == ("allreduce", "auto", 12, "<f4", "sum", 0, [], None)
     assert call.result(1).shape == (3, 4)  # shaped like the input
 
 
