@@ -120,15 +120,15 @@ def test_bad_root_raises_naming_root(collective, name):
 
 @pytest.mark.parametrize("collective", ["gatherv", "scatterv"])
 def test_bad_counts_raise_naming_counts(collective):
-    with pytest.raises(ValueError, match=r"counts=None at the root"):
+    with pytest.raises(ValueError, match=r"counts=None: the root \(rank 0\)"):
         _build(collective, 4, 2, root=0)
-    with pytest.raises(ValueError, match=r"counts=\(2, 2, 2\): give a tuple of 4 ints"):
+    with pytest.raises(ValueError, match=r"counts=\(2, 2, 2\): give a tuple .* of 4 element counts"):
         _build(collective, 4, 2, counts=(2, 2, 2))
     with pytest.raises(ValueError, match=r"counts=\[2, 2, 2, 2\]: give a tuple"):
         _build(collective, 4, 2, counts=[2, 2, 2, 2])
-    with pytest.raises(ValueError, match=r"counts=.*int >= 0 \(got -1\)"):
+    with pytest.raises(ValueError, match=r"counts\[1\]=-1 is out of range"):
         _build(collective, 4, 2, counts=(2, -1, 2, 2))
-    with pytest.raises(ValueError, match=r"counts=.*int >= 0 \(got 1.5\)"):
+    with pytest.raises(ValueError, match=r"counts\[1\]=1.5 is out of range"):
         _build(collective, 4, 2, counts=(2, 1.5, 2, 2))
     with pytest.raises(ValueError, match=r"counts\[0\]=3 but count=2"):
         _build(collective, 4, 2, counts=(3, 2, 2, 2))

@@ -8,7 +8,7 @@ block is a local copy.
 """
 
 from ..ir.schedule import INPUT, OUTPUT, SCRATCH, Region, Timeline
-from ._common import check_int, log2ceil
+from ._common import check_counts, check_int, log2ceil
 from ._registry import register
 
 __all__ = ["pairwise", "bruck", "scattered", "linear", "pairwise_v", "scattered_v",
@@ -28,25 +28,10 @@ def _blocks(buffer: str, counts) -> list[Region]:
     return out
 
 
-def _check_counts(name: str, counts, size: int) -> tuple:
-    """``counts`` as a tuple of ``size`` ints >= 0, else a ValueError naming ``name``."""
-    hint = (f"give a tuple of {size} whole numbers >= 0, the elements exchanged with each "
-            f"rank in rank order")
-    if counts is None:
-        raise ValueError(f"{name} is required: {hint}")
-    if isinstance(counts, (str, bytes)) or not hasattr(counts, "__len__") or \
-            len(counts) != size:
-        raise ValueError(f"{name}={counts!r}: {hint}")
-    for n in counts:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"{name}={counts!r}: {n!r} is not a count; {hint}")
-    return tuple(counts)
-
-
 def _check_v(rank, size, sendcounts, recvcounts):
     """This rank's validated row and column of the all-to-all-v matrix."""
-    send = _check_counts("sendcounts", sendcounts, size)
-    recv = _check_counts("recvcounts", recvcounts, size)
+    send = check_counts("sendcounts", sendcounts, size)
+    recv = check_counts("recvcounts", recvcounts, size)
     if send[rank] != recv[rank]:
         raise ValueError(f"sendcounts[{rank}]={send[rank]} but recvcounts[{rank}]="
                          f"{recv[rank]}: rank {rank}'s block to itself must be as long in "

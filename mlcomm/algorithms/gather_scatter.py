@@ -14,7 +14,7 @@ rank p - 1, which goes through scratch, rotated into or out of place by two copi
 """
 
 from ..ir.schedule import INPUT, OUTPUT, SCRATCH, Region, Timeline
-from ._common import check_int, log2ceil
+from ._common import check_counts, check_int, log2ceil, starts
 from ._pieces import binomial_transfers
 from ._registry import register
 
@@ -29,32 +29,12 @@ def _check_root(size, root):
 
 
 def _check_counts(rank, size, count, root, counts):
-    """``counts`` as a tuple of ``size`` ints >= 0 with ``counts[rank] == count``; None stays
-    None off the root. Raise ValueError naming ``counts`` otherwise."""
-    if counts is None:
-        if rank == root:
-            raise ValueError(f"counts=None at the root (rank {root}): give the tuple of every "
-                             f"rank's block length, e.g. counts={(count,) * min(size, 3)}...")
+    """``counts`` checked (:func:`._common.check_counts`, with ``counts[rank] == count``);
+    None stays None off the root."""
+    if counts is None and rank != root:
         return None
-    if not isinstance(counts, tuple) or len(counts) != size:
-        raise ValueError(f"counts={counts!r}: give a tuple of {size} ints, one block length "
-                         f"per rank (a tuple: it is part of the plan's key)")
-    bad = [c for c in counts if isinstance(c, bool) or not isinstance(c, int) or c < 0]
-    if bad:
-        raise ValueError(f"counts={counts!r}: every block length must be an int >= 0 "
-                         f"(got {bad[0]!r})")
-    if counts[rank] != count:
-        raise ValueError(f"counts[{rank}]={counts[rank]} but count={count}: rank {rank}'s "
-                         f"entry of counts must be its own block length")
-    return counts
-
-
-def _starts(counts):
-    """Where each block of ``counts`` starts, and the end."""
-    out = [0]
-    for c in counts:
-        out.append(out[-1] + c)
-    return out
+    return check_counts("counts", counts, size, rank, count,
+                        f"the root (rank {root}) needs every rank's block length")
 
 
 # --- linear ---------------------------------------------------------------------------
@@ -67,7 +47,7 @@ def _linear(rank, size, count, root, counts, gather):
     if rank != root:
         (tl.send if gather else tl.recv)(0, root, Region(INPUT if gather else OUTPUT, 0, count))
         return tl.schedule(count if gather else 0, 0 if gather else count)
-    at = _starts(counts)
+    at = starts(counts)
     block = lambda q: Region(OUTPUT if gather else INPUT, at[q], counts[q])
     for q in range(size):
         (tl.recv if gather else tl.send)(0, q, block(q))
@@ -157,16 +137,30 @@ def gather_binomial(rank, size, count, itemsize, root=0):
         elif v:
             tl.recv(t, peer, held.sub((lo - v) * count, (hi - lo) * count))
         else:
-            pieces = _at_root(size, count, root, lo, hi)
-            if len(pieces) == 1:
-                tl.recv(t, peer, Region(OUTPUT, pieces[0][1], pieces[0][2]))
-                continue
-            landing = Region(SCRATCH, 0, (hi - lo) * count)
-            tl.need_scratch(landing.count)
-            tl.recv(t, peer, landing)
-            for within, at, n in pieces:
-                tl.copy(t, Region(OUTPUT, at, n), landing.sub(within, n))
+            _at_root_transfer(tl, t, peer, size, count, root, lo, hi, gather=True)
     return tl.schedule(count, size * count if v == 0 else 0)
+
+
+def _at_root_transfer(tl, t, peer, size, count, root, lo, hi, gather):
+    """The root's message of blocks ``lo:hi`` (counted from the root) with ``peer``: straight
+    into its output (from its input, for a scatter) where they lie in one piece; else
+    through scratch, which a gather unpacks after the step and a scatter packs in step 0."""
+    pieces = _at_root(size, count, root, lo, hi)
+    if len(pieces) == 1:
+        region = Region(OUTPUT if gather else INPUT, pieces[0][1], pieces[0][2])
+        (tl.recv if gather else tl.send)(t, peer, region)
+        return
+    staged = Region(SCRATCH, 0, (hi - lo) * count)
+    tl.need_scratch(staged.count)
+    if gather:
+        tl.recv(t, peer, staged)
+    for within, at, n in pieces:
+        if gather:
+            tl.copy(t, Region(OUTPUT, at, n), staged.sub(within, n))
+        else:
+            tl.copy(0, staged.sub(within, n), Region(INPUT, at, n))
+    if not gather:
+        tl.send(t, peer, staged)
 
 
 def scatter_binomial(rank, size, count, itemsize, root=0):
@@ -189,15 +183,7 @@ def scatter_binomial(rank, size, count, itemsize, root=0):
         elif v:
             tl.send(t, peer, held.sub((lo - v) * count, (hi - lo) * count))
         else:
-            pieces = _at_root(size, count, root, lo, hi)
-            if len(pieces) == 1:
-                tl.send(t, peer, Region(INPUT, pieces[0][1], pieces[0][2]))
-                continue
-            staged = Region(SCRATCH, 0, (hi - lo) * count)
-            tl.need_scratch(staged.count)
-            for within, at, n in pieces:
-                tl.copy(0, staged.sub(within, n), Region(INPUT, at, n))
-            tl.send(t, peer, staged)
+            _at_root_transfer(tl, t, peer, size, count, root, lo, hi, gather=False)
     return tl.schedule(size * count if v == 0 else 0, count)
 
 

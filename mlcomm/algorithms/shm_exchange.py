@@ -17,11 +17,10 @@ areas of half a slot over p; a block larger than an area is refused.
 
 from __future__ import annotations
 
-from itertools import accumulate
 from math import ceil
 
 from ..ir.schedule import INPUT, OUTPUT, Region
-from ._common import check_int, elements
+from ._common import check_counts, check_int, elements, starts
 from ._registry import register
 from ._window import (COPY, DEFAULT_SLOT_BYTES, more_than_one, node_timeline, one_node,
                       reduce_as_posted, rounds, through_slots)
@@ -36,28 +35,6 @@ _EVERY_RANK = "every rank takes the rounds of the longest block through the wind
 
 def _root(root, size):
     return check_int("root", root, 0, size - 1, "give the rank of the root")
-
-
-def _counts(name, counts, size, rank, count, why):
-    """``counts`` checked: a tuple of ``size`` whole numbers >= 0 with ``counts[rank] ==
-    count`` (unless ``count`` is None); ``why`` says why a None is refused."""
-    if counts is None:
-        raise ValueError(f"{name}=None: {why}; pass a tuple of {size} element counts, one "
-                         f"per rank, on every rank")
-    if not isinstance(counts, tuple) or len(counts) != size:
-        raise ValueError(f"{name}={counts!r}: give a tuple (it is part of the plan's key) of "
-                         f"{size} element counts, one per rank")
-    for j, n in enumerate(counts):
-        check_int(f"{name}[{j}]", n, 0, 1 << 62, "give a whole number of elements >= 0")
-    if count is not None and counts[rank] != count:
-        raise ValueError(f"{name}[{rank}]={counts[rank]} but count={count} on rank {rank}: "
-                         f"count is this rank's own block; pass count={counts[rank]}")
-    return counts
-
-
-def _starts(counts):
-    """Where each block of ``counts`` starts when packed, and the end."""
-    return [0, *accumulate(counts)]
 
 
 # --- the exchange ------------------------------------------------------------------------
@@ -80,7 +57,7 @@ def _through(tl, node, slot_bytes, itemsize, parts, longest, writes, reads=(), r
 
 def _gather(rank, size, count, itemsize, nodes, slot_bytes, root, counts, name):
     node, tl = _setup(rank, size, nodes, name)
-    at = _starts(counts)
+    at = starts(counts)
     if rank == root:
         tl.copy(0, Region(OUTPUT, at[root], count), Region(INPUT, 0, count))
         _through(tl, node, slot_bytes, itemsize, 1, max(counts), [],
@@ -92,7 +69,7 @@ def _gather(rank, size, count, itemsize, nodes, slot_bytes, root, counts, name):
 
 def _scatter(rank, size, count, itemsize, nodes, slot_bytes, root, counts, name):
     node, tl = _setup(rank, size, nodes, name)
-    at = _starts(counts)
+    at = starts(counts)
     if rank == root:
         tl.copy(0, Region(OUTPUT, 0, count), Region(INPUT, at[root], count))
         _through(tl, node, slot_bytes, itemsize, size, max(counts),
@@ -106,7 +83,7 @@ def _alltoall(tl, node, slot_bytes, itemsize, longest, sendcounts, recvcounts):
     """Block j of the input (``sendcounts``) into area j of the slot; block q of the output
     (``recvcounts``) from area r of q's slot; this rank's own block directly."""
     rank = tl.rank
-    send, recv = _starts(sendcounts), _starts(recvcounts)
+    send, recv = starts(sendcounts), starts(recvcounts)
     tl.copy(0, Region(OUTPUT, recv[rank], recvcounts[rank]),
             Region(INPUT, send[rank], sendcounts[rank]))
     _through(tl, node, slot_bytes, itemsize, tl.size, longest,
@@ -125,16 +102,6 @@ def gather(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTE
                    "gather")
 
 
-def gatherv(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES, root=0,
-            counts=None):
-    """As :func:`gather`, rank j's ``counts[j]`` elements packed in the root's output;
-    ``counts`` on every rank."""
-    root = _root(root, size)
-    counts = _counts("counts", counts, size, rank, count, f"gatherv through shared memory "
-                     f"needs counts on every rank ({_EVERY_RANK})")
-    return _gather(rank, size, count, itemsize, nodes, slot_bytes, root, counts, "gatherv")
-
-
 def scatter(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES, root=0):
     """The root writes block j of its input into area j of its slot; rank j copies it out."""
     root = _root(root, size)
@@ -142,23 +109,33 @@ def scatter(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYT
                     "scatter")
 
 
-def scatterv(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES, root=0,
-             counts=None):
-    """As :func:`scatter`, block j of the root's packed input ``counts[j]`` elements long;
-    ``counts`` on every rank."""
-    root = _root(root, size)
-    counts = _counts("counts", counts, size, rank, count, f"scatterv through shared memory "
-                     f"needs counts on every rank ({_EVERY_RANK})")
-    return _scatter(rank, size, count, itemsize, nodes, slot_bytes, root, counts, "scatterv")
+def _rooted_v(build, name, doc):
+    """gatherv or scatterv through the window (``build``: :func:`_gather` or
+    :func:`_scatter`), its root and counts checked."""
+    def rooted_v(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES,
+                 root=0, counts=None):
+        root = _root(root, size)
+        counts = check_counts("counts", counts, size, rank, count, f"{name} through shared "
+                         f"memory needs counts on every rank ({_EVERY_RANK})")
+        return build(rank, size, count, itemsize, nodes, slot_bytes, root, counts, name)
+    rooted_v.__name__ = rooted_v.__qualname__ = name
+    rooted_v.__doc__ = doc
+    return rooted_v
+
+
+gatherv = _rooted_v(_gather, "gatherv", """As :func:`gather`, rank j's ``counts[j]`` elements
+    packed in the root's output; ``counts`` on every rank.""")
+scatterv = _rooted_v(_scatter, "scatterv", """As :func:`scatter`, block j of the root's packed
+    input ``counts[j]`` elements long; ``counts`` on every rank.""")
 
 
 def allgatherv(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES,
                counts=None):
     """Rank j's ``counts[j]`` elements land at their packed place in every output, read
     from j's slot."""
-    counts = _counts("counts", counts, size, rank, count, "allgatherv needs counts")
+    counts = check_counts("counts", counts, size, rank, count, "allgatherv needs counts")
     node, tl = _setup(rank, size, nodes, "allgatherv")
-    at = _starts(counts)
+    at = starts(counts)
     tl.copy(0, Region(OUTPUT, at[rank], count), Region(INPUT, 0, count))
     _through(tl, node, slot_bytes, itemsize, 1, max(counts), [(0, 0, count)],
              [(q, 0, at[q], counts[q]) for q in node if q != rank])
@@ -169,9 +146,9 @@ def reduce_scatter_v(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT
                      counts=None):
     """Every rank writes block j of its input (``counts[j]`` long) into area j of its slot;
     rank r reduces area r of every slot, in local order."""
-    counts = _counts("counts", counts, size, rank, count, "reduce_scatter_v needs counts")
+    counts = check_counts("counts", counts, size, rank, count, "reduce_scatter_v needs counts")
     node, tl = _setup(rank, size, nodes, "reduce_scatter_v")
-    at = _starts(counts)
+    at = starts(counts)
     if size == 1:
         tl.copy(0, Region(OUTPUT, 0, count), Region(INPUT, 0, count))
 
@@ -203,8 +180,8 @@ def alltoallv(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_B
     knows the others' counts, so no rank could tell how many rounds they take. ``count``
     is ignored."""
     why = "alltoallv needs this rank's sendcounts and recvcounts"
-    sendcounts = _counts("sendcounts", sendcounts, size, rank, None, why)
-    recvcounts = _counts("recvcounts", recvcounts, size, rank, sendcounts[rank], why)
+    sendcounts = check_counts("sendcounts", sendcounts, size, rank, None, why)
+    recvcounts = check_counts("recvcounts", recvcounts, size, rank, sendcounts[rank], why)
     node, tl = _setup(rank, size, nodes, "alltoallv")
     area = elements("slot_bytes", slot_bytes, itemsize) // 2 // size
     for name, counts in (("sendcounts", sendcounts), ("recvcounts", recvcounts)):

@@ -10,10 +10,9 @@ bytes (the total over p), scaled by ``max(counts) / mean(counts)``; without coun
 every count zero) ``nbytes`` itself.
 """
 
-from sys import maxsize
 
 from ..ir.schedule import INPUT, OUTPUT, Region, Timeline
-from ._common import check_int, elements
+from ._common import check_counts as _check, elements, starts
 from ._pieces import ring_allgather, ring_reduce_scatter
 from ._registry import COLLECTIVES, register
 from .allgather import bruck_schedule, doubling_schedule
@@ -25,22 +24,9 @@ __all__ = ["check_counts", "ring_allgatherv", "recursive_doubling_allgatherv",
 
 
 def check_counts(rank, size, count, counts) -> list:
-    """Check ``counts`` (a tuple of ``size`` ints >= 0 with ``counts[rank] == count``) and
-    return the p + 1 block offsets, its prefix sums; raise ValueError naming the fault."""
-    if not isinstance(counts, tuple):
-        raise ValueError(f"counts={counts!r}: give a tuple of every rank's element count, "
-                         f"{size} ints with counts[rank] == count, e.g. counts=tuple(sizes)")
-    if len(counts) != size:
-        raise ValueError(f"counts has {len(counts)} entries for {size} ranks: give one "
-                         f"element count per rank")
-    at = [0]
-    for j, n in enumerate(counts):
-        at.append(at[-1] + check_int(f"counts[{j}]", n, 0, maxsize,
-                                     "a block's element count is a whole number >= 0"))
-    if counts[rank] != count:
-        raise ValueError(f"counts[{rank}]={counts[rank]!r} differs from count={count!r}: "
-                         f"this rank's entry of counts must be its own count")
-    return at
+    """Check ``counts`` (:func:`._common.check_counts`, with ``counts[rank] == count``) and
+    return the p + 1 block offsets, its prefix sums."""
+    return starts(_check("counts", counts, size, rank, count))
 
 
 def ring_allgatherv(rank, size, count, itemsize, counts=None, segment_bytes=None):
