@@ -209,7 +209,7 @@ class Comm(MPI.Intracomm):
         root_here = self.Get_rank() == root
         arrays = _whole(sendbuf if root_here else None, recvbuf)
         if arrays is not None and root_here and arrays[0] is not None and \
-                (arrays[1] is None or arrays[1] is MPI.IN_PLACE):  # the root's block stays where it is
+                (arrays[1] is None or arrays[1] is MPI.IN_PLACE):  # its block stays put
             arrays[1] = np.empty(arrays[0].size // self.Get_size(), arrays[0].dtype)
         if arrays is None or arrays[1] is None or arrays[1] is MPI.IN_PLACE or \
                 root_here and arrays[0] is None:
@@ -259,7 +259,7 @@ class Comm(MPI.Intracomm):
         send = self._vector(sendbuf) if root_here else None
         recv = _plain(recvbuf)
         if recv is not None and root_here and send is not None and \
-                (recv[0] is None or recv[0] is MPI.IN_PLACE):  # the root's block stays where it is
+                (recv[0] is None or recv[0] is MPI.IN_PLACE):  # its block stays put
             recv = [np.empty(send[1][root], send[0].dtype)]
         if recv is None or recv[0] is None or recv[0] is MPI.IN_PLACE or \
                 root_here and send is None:

@@ -454,8 +454,8 @@ def _call_pieces(call, itemsize) -> list:
     if max(call.count, sum(call.counts)) > _MPI_MAX_COUNT:
         raise ValueError(f"algorithm='mpi': the MPI library's {call.kind} takes at most "
                          f"{_MPI_MAX_COUNT} elements per rank (a C int), and this call has "
-                         f"{max(call.count, sum(call.counts))}; use one of mlcomm's algorithms (e.g. "
-                         f"algorithm='ring'), which move it in pieces of at most "
+                         f"{max(call.count, sum(call.counts))}; use one of mlcomm's "
+                         f"algorithms (e.g. algorithm='ring'), which move it in pieces of at most "
                          f"{MAX_BYTES} bytes")
     return [call]
 
