@@ -102,9 +102,11 @@ class Call:
 
     def signature(self) -> tuple:
         """The fields of :data:`SIGNATURE`, once checked."""
+        # an uneven form's own count differs from rank to rank; where every rank has the
+        # counts (allgatherv, reduce_scatter_v), they are compared instead
         counts = self.counts.get("counts") if self.collective in ("allgatherv",
                                                                   "reduce_scatter_v") else None
-        return (self.collective, self.name, self.count if counts is None else 0,
+        return (self.collective, self.name, 0 if self.counts else self.count,
                 self.out.dtype.str, self.opname, self.root, sorted(self.options.items()),
                 counts)
 

@@ -270,3 +270,20 @@ def test_uneven_splits_that_differ_from_the_peers_are_an_error():
     with pytest.raises(ValueError, match="recvcounts"):
         mlcomm.alltoallv(np.arange(P, dtype=np.int64), sends, np.empty(sum(recvs), np.int64),
                          recvs, validate=True)
+
+
+def test_validate_passes_uneven_calls_and_names_a_dtype_that_differs():
+    """``validate=True`` takes the uneven forms' per-rank counts as they are, and raises on
+    every rank where one rank's dtype differs."""
+    m = [[(i + j) % 3 for j in range(P)] for i in range(P)]
+    sends = np.arange(sum(m[RANK]), dtype=np.int64)
+    got = mlcomm.alltoallv(sends, m[RANK], None, [m[j][RANK] for j in range(P)],
+                           validate=True)
+    agree(got.size == sum(m[j][RANK] for j in range(P)), "alltoallv with validate=True")
+    counts = [q + 1 for q in range(P)]
+    got = mlcomm.gatherv(np.arange(RANK + 1), None, counts, 0, validate=True)
+    agree(RANK != 0 or got.size == sum(counts), "gatherv with validate=True")
+    if P > 1:
+        x = np.arange(4, dtype=np.float32 if RANK == P - 1 else np.float64)
+        with pytest.raises(ValueError, match="dtype"):
+            mlcomm.gather(x, root=0, validate=True)
