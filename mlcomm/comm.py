@@ -16,7 +16,7 @@ from mpi4py import MPI
 from . import api, kernels
 from .buffers import gpu
 from .buffers.arrays import from_spec, from_vspec, packed
-from .algorithms import AUTO, COLLECTIVES, resolve
+from .algorithms import AUTO, COLLECTIVES, check_known, resolve
 from .session import session_of
 from .transport.mpi.names import op_name
 
@@ -55,10 +55,7 @@ def _per_collective(algorithm) -> dict:
             names[collective] = AUTO if algorithm == AUTO else resolve(algorithm, collective)
         except ValueError:
             names[collective] = AUTO
-    if algorithm != AUTO and all(name == AUTO for name in names.values()):
-        known = sorted({n for table in COLLECTIVES.values() for n in table})
-        raise ValueError(f"algorithm={algorithm!r} is not an algorithm of any collective; "
-                         f"choose one of: {', '.join(known)}")
+    check_known(algorithm)
     return names
 
 

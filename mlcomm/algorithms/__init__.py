@@ -8,8 +8,8 @@ from . import (naive, single_master, parameter_server, ring, double_binary_tree,
                shm_exchange, gather_scatter, uneven, alltoall, native, auto)
 from .auto import AUTO
 from .native import MPI_NATIVE, native_schedule
-from .lookup import build_schedules, resolve
+from .lookup import build_schedules, check_known, resolve
 
 __all__ = ["ALGORITHMS", "COLLECTIVES", "Algorithm", "Layout", "register", "weighed",
-           "DEFAULT_SLOT_BYTES", "AUTO", "MPI_NATIVE", "build_schedules", "native_schedule",
-           "resolve"]
+           "DEFAULT_SLOT_BYTES", "AUTO", "MPI_NATIVE", "build_schedules", "check_known",
+           "native_schedule", "resolve"]

@@ -4,7 +4,7 @@ import gc
 
 from ._registry import COLLECTIVES
 
-__all__ = ["resolve", "build_schedules"]
+__all__ = ["resolve", "build_schedules", "check_known"]
 
 
 def resolve(name: str, collective: str = "allreduce") -> str:
@@ -19,6 +19,18 @@ def resolve(name: str, collective: str = "allreduce") -> str:
     valid = ", ".join(sorted(table))
     raise ValueError(f"algorithm={name!r} is not a known {collective} algorithm; "
                      f"choose one of: {valid}")
+
+
+def check_known(name: str) -> None:
+    """Raise ValueError where no collective has an algorithm ``name`` (or alias), listing
+    the names there are (``auto`` is every collective's)."""
+    tables = COLLECTIVES.values()
+    if name == "auto" or any(name in t or any(name in a.aliases for a in t.values())
+                             for t in tables):
+        return
+    known = sorted({n for t in tables for n in t})
+    raise ValueError(f"algorithm={name!r} is not an algorithm of any collective; choose one "
+                     f"of: {', '.join(known)}")
 
 
 def build_schedules(name, size, count, itemsize=8, collective="allreduce", **options):

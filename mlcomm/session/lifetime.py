@@ -31,7 +31,7 @@ import time
 from mpi4py import MPI
 
 from .. import config
-from ..algorithms import resolve
+from ..algorithms import check_known
 from ..runtime.binding import settings_from_env
 from ..runtime.watch import Watch, free_world, world_roll
 from ..transport.mpi import TAG
@@ -91,7 +91,7 @@ def _agreed_env(comm, leader):
                              f"every rank, or unset it")
     algorithm, per_node, slot_bytes = everyone[0][0]
     if algorithm is not None:
-        resolve(algorithm)  # an unknown name fails on every rank alike
+        check_known(algorithm)  # an unknown name fails on every rank alike
     machines = [e[1] for e in everyone]
     size = len(machines)
     if per_node is None:

@@ -287,3 +287,19 @@ def test_validate_passes_uneven_calls_and_names_a_dtype_that_differs():
         x = np.arange(4, dtype=np.float32 if RANK == P - 1 else np.float64)
         with pytest.raises(ValueError, match="dtype"):
             mlcomm.gather(x, root=0, validate=True)
+
+
+def test_mlcomm_algorithm_may_name_an_algorithm_the_all_reduce_lacks(monkeypatch):
+    """``MLCOMM_ALGORITHM=bruck``: the all-to-all runs Bruck's, the all-reduce its auto."""
+    monkeypatch.setenv("MLCOMM_ALGORITHM", "bruck")
+    comm = COMM.Dup()
+    try:
+        got = mlcomm.alltoall(np.arange(P) + 10 * RANK, comm=comm)
+        total = mlcomm.allreduce(np.ones(3), comm=comm)
+        from mlcomm import session
+        ran = {key[:2] for key in session.session_of(comm).plans}
+        agree(got.tolist() == [10 * q + RANK for q in range(P)] and (total == P).all(),
+              "alltoall and allreduce under MLCOMM_ALGORITHM=bruck")
+        agree(("alltoall", "bruck") in ran or P == 1, f"ran {ran}")
+    finally:
+        comm.Free()
