@@ -303,3 +303,26 @@ def test_mlcomm_algorithm_may_name_an_algorithm_the_all_reduce_lacks(monkeypatch
         agree(("alltoall", "bruck") in ran or P == 1, f"ran {ran}")
     finally:
         comm.Free()
+
+
+@pytest.mark.parametrize("collective", NEW)
+def test_non_blocking_and_persistent_forms(collective):
+    """``mlcomm.istart`` and ``mlcomm.init`` of every new collective give the blocking
+    call's answer: started twice and waited in order, and a persistent handle called three
+    times (and started once) on what its buffers hold then."""
+    send, kw = case(collective, np.dtype(np.int64), 7)
+    want = library(collective, send, **kw)
+    root = kw.pop("root", 0)
+    recv = np.empty(want.size, np.int64) if want is not None else None
+    options = {k: v for k, v in kw.items() if v is not None}
+    first = mlcomm.istart(collective, send, recv, root=root, **options)
+    second = mlcomm.istart(collective, send, None if want is None else np.empty_like(recv),
+                           root=root, **options) if collective not in ("scatter",
+                                                                        "scatterv") else None
+    got = [first.wait(), second.wait() if second is not None else want]
+    agree(all(same(g, want) for g in got), f"istart {collective}: {got} vs {want}")
+    handle = mlcomm.init(collective, send, recv, root=root, **options)
+    results = [handle() for _ in range(3)]
+    handle.start()
+    results.append(handle.wait())
+    agree(all(same(g, want) for g in results), f"init {collective}: {results} vs {want}")
