@@ -147,7 +147,8 @@ def _device(session, call) -> BoundCall:
         if validate:  # the other ranks wait in the comparison across ranks: fail them too
             compare_calls(session, SIGNATURE, None, exc)
         raise
-    has_result = call.collective != "reduce" or session.rank == call.root
+    has_result = call.collective not in ("reduce", "gather", "gatherv") or \
+        session.rank == call.root
 
     def run():
         if gpu.cuda_aware():
