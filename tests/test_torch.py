@@ -20,18 +20,33 @@ JOB = ROOT / "tests" / "torch_job.py"
 MODEL = {"MLCOMM_AUTO": "model"}
 
 
-@pytest.mark.parametrize("nprocs,parts", [(2, ["collectives", "ddp"]),
-                                          (3, ["collectives", "ddp", "groups", "errors"]),
-                                          (4, ["collectives", "groups"])])
+@pytest.mark.parametrize("nprocs,parts", [(2, ["collectives", "ddp", "exchanges"]),
+                                          (3, ["collectives", "ddp", "groups", "errors",
+                                               "exchanges"]),
+                                          (4, ["collectives", "groups", "exchanges"])])
 def test_backend_collectives_ddp_groups_errors(nprocs, parts):
     """Every collective and dtype, sync and async, against NumPy; DDP (its options) and
     FSDP2 as one process on the global batch, the same SHA-256 on every rank; new_group on a
-    subset; the errors a user meets, raised on every rank."""
+    subset; the errors a user meets, raised on every rank; gather, scatter, all_to_all,
+    uneven all_gather and the object collectives at uneven sizes, exact."""
     proc = mpirun(nprocs, [JOB, *parts], timeout=240, env=MODEL)
     for part in parts:
         assert f"OK {part}" in proc.stdout, proc.stdout
     if "ddp" in parts:
         assert proc.stdout.count("OK ddp ") == 6, proc.stdout
+
+
+def test_pytorch_own_tests_of_the_exchanges():
+    """torch's DistributedTest of gather, scatter, all_to_all, all_gather and the object
+    collectives on the mlcomm backend at P = 2 (tests/torch_distributed_test.py): every
+    test, and every body torch's decorators skip for a backend other than MPI or gloo,
+    passes; the rest skip for the world size alone."""
+    pytest.importorskip("expecttest")  # torch's test helpers import it
+    proc = mpirun(2, [ROOT / "tests" / "torch_distributed_test.py", "--unwrap"],
+                  timeout=240, env=MODEL)
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1] == "mlcomm: pass 10, skip 6, skipped, body pass 14", proc.stdout
+    assert all("FAIL" not in line for line in lines), proc.stdout
 
 
 def _torchrun_env(rank, port):

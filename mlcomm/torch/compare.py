@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..api import Persistent
+from ..api import Persistent, _check_splits
 from ..kernels import BFLOAT16, OP_TABLE, check_op, finalize, reduce_into
 from ..session import Call
 from ..session.compare import raise_differences
@@ -140,6 +140,18 @@ class Comparison:
                 self._differ(what, described, problem)
         if problem is not None:
             raise problem
+
+    def _compare_splits(self, what, described, problem, sends, recvs):
+        """:meth:`_compare`, then whether every rank's ``recvs`` (elements from each rank)
+        are what its peers' ``sends`` give it (mlcomm's check of alltoallv's counts, on the
+        comparison's communicator): ValueError on every rank where one differs."""
+        self._compare(what, described, problem)
+        try:
+            _check_splits(sends, recvs, self._check_comm)
+        except ValueError as exc:
+            raise ValueError(f"{what}: the output sizes (output_split_sizes, or the output "
+                             f"tensors) differ from what the peers send, in elements: "
+                             f"{str(exc).split(': ', 1)[1]}") from None
 
     def _code(self, described, problem):
         """``(checksum, every rank's checksums as bytes)`` of the call ``described``, or of

@@ -16,15 +16,11 @@ from ..api import IN_PLACE, allgather, allreduce, bcast, istart, reduce, reduce_
 from ..session import session_of
 from ..buffers.tensors import as_array
 from .compare import _KEEP, Comparison
+from .exchange import BLOCKING, Exchange, copy_into, packed
 from .work import Work, WorkInfo, _error_of, _Point, _settled, _settling
 
 _GLOO = "or run it on a gloo group beside this one: dist.new_group(backend='gloo')"
-_UNSUPPORTED = {
-    "gather": "all_gather gives every rank every tensor (keep the root's)",
-    "scatter": "broadcast the whole tensor and take this rank's part",
-    "alltoall": "all_gather every rank's tensors and take this rank's parts",
-    "all_to_all_single": "all_gather every rank's tensors and take this rank's parts",
-    "alltoall_base": "all_gather every rank's tensors and take this rank's parts",
+_UNSUPPORTED = {  # torch's dist.monitored_barrier takes gloo groups alone, before this
     "monitored_barrier": "barrier compares every call across the ranks already",
 }
 
@@ -45,7 +41,7 @@ def _bytes(tensor):
     return as_array(tensor, "tensor").reshape(-1).view(np.uint8)
 
 
-class ProcessGroupMlcomm(dist.ProcessGroup, Comparison):
+class ProcessGroupMlcomm(Exchange, dist.ProcessGroup, Comparison):
     """torch.distributed's process group over the MPI communicator ``comm`` (see the module
     docstring); ``options``: an :class:`Options`; ``timeout``: the group's (a ``timedelta``),
     within which a barrier whose ranks do not all come raises."""
@@ -166,17 +162,17 @@ class ProcessGroupMlcomm(dist.ProcessGroup, Comparison):
                          for t in tensors[:1]], tensors, opts.asyncOp)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
+        """``outputs[r]`` receives rank r's tensor; outputs of different sizes (each rank's
+        of its input's size) gather unevenly (:meth:`~.Exchange._allgather_v`)."""
         opts = opts or dist.AllgatherOptions()
         (outputs,), (t,) = output_tensors, input_tensors
+        if len({o.numel() for o in outputs}) > 1:
+            return self._allgather_v(outputs, t, opts)
         problem, _, described = self._describe("all_gather", input_tensors,
                                                lists=[(outputs, t)])
         flat = torch.empty((self._size, *t.shape), dtype=t.dtype) if problem is None else t
-
-        def copy_out():
-            for out, part in zip(outputs, flat):
-                out.copy_(part)
         return self._go("allgather", described, problem, [("allgather", t, flat, "sum", 0)],
-                        outputs, opts.asyncOp, after=copy_out)
+                        outputs, opts.asyncOp, after=partial(copy_into, outputs, flat))
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
         """``output_lists[r][i]`` receives rank r's ``input_tensors[i]`` (torch's order)."""
@@ -220,7 +216,7 @@ class ProcessGroupMlcomm(dist.ProcessGroup, Comparison):
         (out,), (inputs,) = output_tensors, input_lists
         problem, op, described = self._describe("reduce_scatter", output_tensors, opts.reduceOp,
                                                 lists=[(inputs, out)])
-        flat = torch.cat([t.reshape(-1) for t in inputs]) if problem is None else out
+        flat = packed(inputs) if problem is None else out
         return self._go("reduce_scatter", described, problem,
                         [("reduce_scatter", flat, out, op, 0)], [out], opts.asyncOp)
 
@@ -322,18 +318,24 @@ class ProcessGroupMlcomm(dist.ProcessGroup, Comparison):
     # the machinery
 
     def _go(self, op_type, described, problem, calls, outputs, async_op, after=None,
-            **options):
+            splits=None, **options):
         """Compare the call across the ranks and run its mlcomm ``calls`` (``(collective,
         sendbuf, recvbuf, op, root)``), then ``after()``: blocking, or started on the
         progress thread. A started call whose description this rank has run before is
         compared there too, first, so that it returns at once; any other is compared here,
-        after the calls started before it (a first call may agree on ``auto``'s choice)."""
+        after the calls started before it (a first call may agree on ``auto``'s choice).
+        ``splits``: ``(sendcounts, recvcounts)`` of an exchange whose sizes are each rank's
+        own, checked across the ranks after the comparison."""
         what = described.split(" ", 1)[0]
-        check = partial(self._compare, what, described, problem)
+        check = partial(self._compare, what, described, problem) if splits is None else \
+            partial(self._compare_splits, what, described, problem, *splits)
         self._seq += 1
         info = WorkInfo(op_type, self._seq, sum(t.numel() * t.element_size() for t in outputs),
                         time.perf_counter(), 0.0, 0.0) if self._hooks else None
-        known = async_op and problem is None and described in self._seen
+        # an exchange whose block to itself differs in size would fail as it starts, on
+        # this rank alone: compared here, where its check raises on every rank
+        known = async_op and problem is None and described in self._seen and (
+            splits is None or splits[0][self._rank] == splits[1][self._rank])
         if not known:
             self.session.wait_started()
             check()
@@ -409,4 +411,5 @@ _BLOCKING = {
     "allgather": lambda s, r, op, root, **kw: allgather(s, r, **kw),
     "bcast": lambda s, r, op, root, **kw: bcast(s, root, **kw),
     "reduce": lambda s, r, op, root, **kw: reduce(s, r, op, root, **kw),
+    **BLOCKING,
 }
