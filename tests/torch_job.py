@@ -416,6 +416,18 @@ def errors():
     dist.all_reduce(t, group=late)  # the group works on
     assert torch.all(t == P * (P - 1) / 2), t
     dist.destroy_process_group(late)
+    # a collective that rank 0 alone calls raises there after the group's timeout, and the
+    # group then runs no more calls (gloo's)
+    alone = dist.new_group(list(range(P)), timeout=timedelta(seconds=1))
+    dist.all_reduce(torch.ones(2), group=alone)
+    if R == 0 and P > 1:
+        start = time.monotonic()
+        raises(lambda: dist.all_reduce(torch.ones(2), group=alone), RuntimeError,
+               "Timed out after 1 s", "create a new one")
+        assert 1.0 <= time.monotonic() - start < 10, time.monotonic() - start
+        raises(lambda: dist.broadcast(torch.ones(2), 0, group=alone), RuntimeError,
+               "Timed out")
+    dist.barrier()
     # a group that rank 1 does not create: its other members raise within the timeout
     if R != 1:
         try:

@@ -283,18 +283,8 @@ class Binding:
         what = self.plan.describe()
         reported = False
         while code == STALLED:
-            transport, first, n = self._waiting()
-            peers = self.transports[transport].pending_peers(first, n)
             if not reported:
-                seconds = self.settings.stall_seconds
-                whom = f"for ranks {peers}" if peers is not None else \
-                    "for the other ranks (the MPI library does not say which)"
-                message = (f"mlcomm: rank {self.settings.rank} has waited {seconds:g} s in "
-                           f"{what} {whom}")
-                if self.settings.stall_abort:
-                    abort_job(message + " (MLCOMM_STALL_ABORT=1: ending the job)")
-                print(message + "; it goes on waiting (MLCOMM_STALL_SECONDS sets the limit, "
-                      "MLCOMM_STALL_ABORT=1 ends the job instead)", file=sys.stderr, flush=True)
+                self.report_stall(self.settings.stall_seconds)
                 reported = True
                 self._set_stall(0)
             code = self.loop()
@@ -307,6 +297,24 @@ class Binding:
                       f"{self.transports[faulted].fault()}. "
                       f"If the ranks called it with different counts, dtypes or algorithms, "
                       f"validate=True (or MLCOMM_VALIDATE=1) compares the calls across ranks")
+
+    def report_stall(self, seconds):
+        """Say once that the run has waited ``seconds`` (naming the ranks its wait is for,
+        where the transport knows them), or end the job under ``MLCOMM_STALL_ABORT=1``."""
+        transport, first, n = self._waiting()
+        peers = self.transports[transport].pending_peers(first, n)
+        whom = f"for ranks {peers}" if peers is not None else \
+            "for the other ranks (the MPI library does not say which)"
+        message = (f"mlcomm: rank {self.settings.rank} has waited {seconds:g} s in "
+                   f"{self.plan.describe()} {whom}")
+        if self.settings.stall_abort:
+            abort_job(message + " (MLCOMM_STALL_ABORT=1: ending the job)")
+        print(message + "; it goes on waiting (MLCOMM_STALL_SECONDS sets the limit, "
+              "MLCOMM_STALL_ABORT=1 ends the job instead)", file=sys.stderr, flush=True)
+
+    def set_stall(self, seconds):
+        """The seconds a wait of the loop lasts before it returns STALLED (0: none)."""
+        self._set_stall(seconds)
 
     def _run(self):
         """The loop of the run in progress or next."""

@@ -6,6 +6,7 @@ group's ranks (see :mod:`mlcomm.torch.backend`): :class:`Comparison`, a base of
 from __future__ import annotations
 
 import dataclasses
+import time
 import zlib
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch.distributed as dist
 
 from ..api import Persistent, _check_splits
 from ..kernels import BFLOAT16, OP_TABLE, check_op, finalize, reduce_into
+from ..runtime.frame import STALLED
 from ..session import Call
 from ..session.compare import raise_differences
 from ..buffers.tensors import as_array
@@ -56,8 +58,45 @@ class Comparison:
         # the checksums' words: this rank's, and every rank's as one byte string to compare
         self._mine_code, self._codes = self._mine[:8].view(np.int64), {}
         self._code_rows = self._rows[:, :8]
-        self._gather = Persistent(Call("allgather", self._mine, self._rows.reshape(-1),
-                                       comm=self._check_comm))
+        self._broken = None  # why the group no longer runs calls (a timed-out comparison)
+        self._gather = self._timed(Persistent(Call("allgather", self._mine,
+                                                   self._rows.reshape(-1),
+                                                   comm=self._check_comm)))
+
+    def _timed(self, handle):
+        """``handle`` (the comparison's allgather) as a call that raises RuntimeError ("Timed
+        out", gloo's words) where the group's ranks have not all come within the group's
+        timeout: every call of the group is compared, so every collective honours it. The
+        group then runs no more calls (each raises why), as gloo's. A wait past
+        ``MLCOMM_STALL_SECONDS`` is reported once before that, as every wait of mlcomm's."""
+        binding, session, timeout = handle.binding, handle.session, self._timeout
+        stall = binding.settings.stall_seconds
+        tick = min(timeout, stall) if stall else timeout
+        binding.set_stall(tick)
+        loop = binding.loop
+
+        def gather():
+            if self._broken is not None:
+                raise RuntimeError(self._broken)
+            if session.progress is not None:
+                session.progress.drain()
+            start, reported = time.monotonic(), False
+            code = loop()
+            while code == STALLED:
+                waited = time.monotonic() - start
+                if waited >= timeout:
+                    self._broken = (f"Timed out after {timeout:g} s in the mlcomm group's "
+                                    f"comparison of a call: some of its ranks did not call "
+                                    f"it (the group's timeout); this group runs no more "
+                                    f"calls: create a new one")
+                    raise RuntimeError(self._broken)
+                if stall and waited >= stall and not reported:
+                    binding.report_stall(stall)
+                    reported = True
+                code = loop()
+            if code:
+                binding.trouble(code)
+        return gather
 
     def _known_allreduce(self, op, described, t):
         """The :class:`_Known` all-reduce of ``t``: with views of the comparison's buffers
