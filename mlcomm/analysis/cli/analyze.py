@@ -31,21 +31,33 @@ def format_analysis(rows) -> str:
     return "\n".join(_align(list(_NOTES_COLUMNS), cells) + window)
 
 
+def _row(name, p, nbytes, args, **kw) -> dict:
+    """:func:`~mlcomm.analysis.metrics.analyze`'s row; where the schedule refuses the size
+    (``alltoallv``'s window takes one round), a row of None with ``refused``: why."""
+    from ..metrics import KEYS, analyze
+    try:
+        return analyze(name, p, nbytes, ranks_per_node=args.ranks_per_node,
+                       collective=args.collective, **kw)
+    except ValueError as exc:
+        return {**dict.fromkeys(KEYS), "algorithm": name, "ranks": p, "bytes": nbytes,
+                "refused": str(exc)}
+
+
 def _analyze(args) -> int:
-    from ...algorithms import ALGORITHMS
-    from ..metrics import KEYS, analyzable, analyze, not_applicable
+    from ...algorithms import COLLECTIVES
+    from ..metrics import KEYS, analyzable, not_applicable
     if not is_root():
         return 0
     profile, net = _network(args)
-    names = args.algorithms or analyzable()
+    table, collective = COLLECTIVES[args.collective], args.collective
+    names = args.algorithms or analyzable(collective)
     opts = options(args)
     itemsize = _itemsize(args.dtype)
     blocks = []
     for p in args.ranks:
         for nbytes in args.sizes:
-            blocks.append((p, nbytes, [analyze(name, p, nbytes, itemsize=itemsize,
-                                               profile=profile, network=net, options=opts,
-                                               ranks_per_node=args.ranks_per_node)
+            blocks.append((p, nbytes, [_row(name, p, nbytes, args, itemsize=itemsize,
+                                            profile=profile, network=net, options=opts)
                                        for name in names]))
     if args.format != "table":
         print(format_rows([r for _, _, rows in blocks for r in rows], KEYS, args.format))
@@ -53,19 +65,26 @@ def _analyze(args) -> int:
     for i, (p, nbytes, rows) in enumerate(blocks):
         shown = ", ".join(f"{k}={v}" for k, v in opts.items())
         layout = (f"; {_layout(p, args.ranks_per_node)}"
-                  if any(ALGORITHMS[r["algorithm"]].context for r in rows) else "")
-        print(("\n" if i else "") + f"# p = {p} ranks, n = {_bytes(nbytes)} bytes "
+                  if any(table[r["algorithm"]].context for r in rows) else "")
+        what = "" if collective == "allreduce" else f"{collective}, "
+        print(("\n" if i else "") + f"# {what}p = {p} ranks, n = {_bytes(nbytes)} bytes "
               f"({nbytes // itemsize} x {args.dtype}){'; ' + shown if shown else ''}{layout}")
         print(format_analysis(rows))
-        skipped = [f"{r['algorithm']} ({not_applicable(r['algorithm'], p, args.ranks_per_node)})"
-                   for r in rows if not_applicable(r["algorithm"], p, args.ranks_per_node)]
+        why = {r["algorithm"]: not_applicable(r["algorithm"], p, args.ranks_per_node,
+                                              collective) for r in rows}
+        skipped = [f"{name} ({reason})" for name, reason in why.items() if reason]
         if skipped:
             print(f"# not on this layout: {', '.join(skipped)}")
+        for r in rows:
+            if r.get("refused"):
+                print(f"# {r['algorithm']} refuses this size: {r['refused']}")
     print("# volumes in multiples of the message size n (raw bytes: --format json or csv)")
     print("# rounds: the critical path in steps (a message or a node sync is one);")
     print("# max/rank: the most bytes one rank sends (window reads are not on the wire)")
     print("# fan-in, in/round: the most senders to one rank, and bytes into it, in one round")
-    print("# simulated: the cost simulator; formula: the closed form")
+    print("# simulated: the cost simulator; formula: the closed form"
+          + ("" if collective == "allreduce" else
+             "; n: one rank's block (an all-to-all's to each rank)"))
     print(_model_line(net, profile))
     return 0
 
@@ -81,7 +100,8 @@ def register(subparsers) -> None:
                     "message size n), the simulated time and the closed-form time. "
                     "No MPI job needed.",
         epilog="examples:\n  mlcomm analyze -p 8 -s 1M\n"
-               "  mlcomm analyze -p 4,8 -s 64K,1M -a ring,rd --format json")
+               "  mlcomm analyze -p 4,8 -s 64K,1M -a ring,rd --format json\n"
+               "  mlcomm analyze --collective alltoall -p 8,1024 -s 8,64K")
     _sweep_args(p, "P[,P2,...]", "rank counts, e.g. 8 or 4,8",
                 help="table: the notes' notation (volumes in n); json, csv: raw bytes "
                      "(default %(default)s)")
