@@ -41,7 +41,7 @@ def predict_time(name: str, p: int, nbytes: int, *, network: Network = Network()
                  itemsize: int = 8, options: dict | None = None,
                  limit: int = SIM_LIMIT, seconds: float = SIM_SECONDS,
                  ranks_per_node: int | None = None, breakdown: bool = False,
-                 collective: str = "allreduce") -> dict:
+                 collective: str = "allreduce", estimate_only: bool = False) -> dict:
     """One sweep row of ``collective``'s algorithm ``name``, ``nbytes`` one rank's block (as
     :func:`~mlcomm.analysis.metrics.analyze` takes it): the simulated time, or the closed
     form when the schedule is too big.
@@ -49,7 +49,8 @@ def predict_time(name: str, p: int, nbytes: int, *, network: Network = Network()
     ``ranks_per_node`` is the node layout of the algorithms that use one (default: one
     node); ``source`` says ``simulated``, ``formula`` (see
     :func:`~mlcomm.analysis.metrics.formula_seconds`) or, with no time, why the algorithm
-    cannot run on the layout. ``breakdown`` adds a simulated row's
+    cannot run on the layout; ``estimate_only``: ``simulated`` without simulating where the
+    estimate allows it (its time the closed form's). ``breakdown`` adds a simulated row's
     :func:`~mlcomm.analysis.simulator.critical_path` under ``"critical_path"``.
     """
     from ..algorithms import COLLECTIVES, build_schedules
@@ -68,7 +69,9 @@ def predict_time(name: str, p: int, nbytes: int, *, network: Network = Network()
     if not algo.hand_written:
         return row
     entries, build_seconds = estimate_work(name, p, count, itemsize, opts, collective)
-    if entries <= limit and build_seconds <= seconds:
+    if entries <= limit and build_seconds <= seconds and estimate_only:
+        row["source"] = "simulated"
+    elif entries <= limit and build_seconds <= seconds:
         prog = compile_schedules(build_schedules(name, p, count, itemsize, collective, **opts),
                                  itemsize)
         result = simulate(prog, network)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...cli.args import is_root, options
-from .model import _command, _itemsize, _model_line, _network, _sweep_args
+from .model import _command, _itemsize, _model_line, _network, _sim_args, _sweep_args
 from .text import _align, _bytes, _layout, _seconds, format_rows, in_n
 
 
@@ -33,14 +33,24 @@ def format_analysis(rows) -> str:
 
 def _row(name, p, nbytes, args, **kw) -> dict:
     """:func:`~mlcomm.analysis.metrics.analyze`'s row; where the schedule refuses the size
-    (``alltoallv``'s window takes one round), a row of None with ``refused``: why."""
+    (``alltoallv``'s window takes one round), a row of None with ``refused``: why; where
+    it is too big to build (:func:`~mlcomm.analysis.sweep.predict_time`'s estimate from
+    three ranks, past ``--sim-limit`` or ``--sim-seconds``), the closed form alone."""
     from ..metrics import KEYS, analyze
+    from ..sweep import predict_time
+    blank = {**dict.fromkeys(KEYS), "algorithm": name, "ranks": p, "bytes": nbytes}
     try:
+        if p > 64:
+            rough = predict_time(name, p, nbytes, network=kw["network"], itemsize=kw["itemsize"],
+                                 options=kw["options"], limit=args.sim_limit,
+                                 seconds=args.sim_seconds, ranks_per_node=args.ranks_per_node,
+                                 collective=args.collective, estimate_only=True)
+            if rough["source"] == "formula":
+                return {**blank, "formula_seconds": rough["seconds"], "too_big": True}
         return analyze(name, p, nbytes, ranks_per_node=args.ranks_per_node,
                        collective=args.collective, **kw)
     except ValueError as exc:
-        return {**dict.fromkeys(KEYS), "algorithm": name, "ranks": p, "bytes": nbytes,
-                "refused": str(exc)}
+        return {**blank, "refused": str(exc)}
 
 
 def _analyze(args) -> int:
@@ -78,6 +88,10 @@ def _analyze(args) -> int:
         for r in rows:
             if r.get("refused"):
                 print(f"# {r['algorithm']} refuses this size: {r['refused']}")
+        big = [r["algorithm"] for r in rows if r.get("too_big")]
+        if big:
+            print(f"# closed form only (schedule over --sim-limit {args.sim_limit} entries or "
+                  f"--sim-seconds {args.sim_seconds:g} s to build): {', '.join(big)}")
     print("# volumes in multiples of the message size n (raw bytes: --format json or csv)")
     print("# rounds: the critical path in steps (a message or a node sync is one);")
     print("# max/rank: the most bytes one rank sends (window reads are not on the wire)")
@@ -105,3 +119,4 @@ def register(subparsers) -> None:
     _sweep_args(p, "P[,P2,...]", "rank counts, e.g. 8 or 4,8",
                 help="table: the notes' notation (volumes in n); json, csv: raw bytes "
                      "(default %(default)s)")
+    _sim_args(p)
