@@ -14,7 +14,7 @@ from ._common import elements
 __all__ = ["node_of", "whole_node", "node_timeline", "Barriers", "need_same_slot", "rounds",
            "exchange", "through_slots", "reduce_as_posted", "await_addresses",
            "reduce_from_peers", "write_to_peers", "read_steps", "host_only", "one_node",
-           "more_than_one", "DEFAULT_SLOT_BYTES", "SINGLE_COPY_BYTES", "READ_CHUNK_BYTES",
+           "more_than_one", "window_cost", "DEFAULT_SLOT_BYTES", "SINGLE_COPY_BYTES", "READ_CHUNK_BYTES",
            "COPY"]
 
 #: each rank's window slot when the communicator does not say (``MLCOMM_SHM_BYTES``)
@@ -263,3 +263,27 @@ def one_node(layout, device, instead: str) -> str | None:
 def more_than_one(layout, device) -> bool:
     """``auto`` weighs a window collective wherever it runs on more than one rank."""
     return layout.size > 1
+
+
+def window_cost(copies, parts, reductions=lambda p: 0, one_round=False, whole_send=False):
+    """The closed form of a window collective whose busiest rank copies ``copies(p)`` blocks
+    into or out of the window and reduces ``reductions(p)`` blocks, through halves of
+    ``parts(p)`` areas of a slot (one round where ``one_round``); ``whole_send``: its
+    ``nbytes`` is the rank's whole send, p blocks (the all-to-all-v's, as its flat
+    algorithms take it), else one block."""
+    def cost(p, nbytes, alpha, beta, gamma, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES, **_):
+        """A round's barrier costs about alpha/4 twice (flags in shared cache lines, no
+        message: the owners' post that the readers await, and the readers' post that an
+        owner awaits before it writes the half again, the previous call's in a call's first
+        round, which the simulator's single call does not wait for), a copy through the
+        window ``COPY * beta`` per byte (the simulator's ``copy_beta``, default beta), a
+        reduction gamma per byte; ``nbytes``: a block's bytes (the uneven forms: their mean
+        block), or the whole send's (``whole_send``)."""
+        block = nbytes / p if whole_send else nbytes
+        if p == 1:
+            return block * COPY * beta
+        area = max(1, slot_bytes // 2 // parts(p))
+        chunks = 1 if one_round else max(1, -(-block // area))
+        return 2 * chunks * alpha / 4 + copies(p) * block * COPY * beta + \
+            reductions(p) * block * gamma
+    return cost

@@ -224,7 +224,9 @@ def _scattered_cost(p, nbytes, alpha, beta, gamma, batch=DEFAULT_BATCH):
 
 
 def _linear_cost(p, nbytes, alpha, beta, gamma):
-    """One step: α + (p − 1)·nbytes·β (``scattered`` with a single batch)."""
+    """One step: α + (p − 1)·nbytes·β (``scattered`` with a single batch): all p − 1
+    latencies overlapped, which the single-port simulator does not model (there the step's
+    messages take the port one after another, pairwise's (p − 1)(α + nbytes·β))."""
     return _scattered_cost(p, nbytes, alpha, beta, gamma, batch=max(1, p - 1))
 
 
@@ -237,7 +239,8 @@ def _pairwise_v_cost(p, nbytes, alpha, beta, gamma, sendcounts=None, recvcounts=
 def _scattered_v_cost(p, nbytes, alpha, beta, gamma, sendcounts=None, recvcounts=None,
                       batch=DEFAULT_BATCH):
     """``scattered``'s cost with the mean block: ``nbytes`` is the rank's whole send
-    (sum(sendcounts) elements, the count the build takes), nbytes/p its mean block."""
+    (sum(sendcounts) elements, the count the build takes), nbytes/p its mean block; a
+    batch's latencies overlapped, as there."""
     return _scattered_cost(p, nbytes / p, alpha, beta, gamma, batch)
 
 

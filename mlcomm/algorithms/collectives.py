@@ -61,6 +61,10 @@ def _ring_cost(p, nbytes, alpha, beta, gamma, segment_bytes=None):
 
 
 def _tree_cost(p, nbytes, alpha, beta, gamma, root=0, chunk_bytes=DEFAULT_CHUNK_BYTES):
+    """The pipeline's estimate: ⌈log₂ p⌉ + C − 1 steps of C chunks, each step a chunk to
+    (or from) two children. An estimate, not the single-port simulator's time, which runs
+    the actual tree (its depth and children per rank vary with p): from half to about
+    twice it at p = 2 … 13."""
     chunks = max(1, -(-nbytes // chunk_bytes))
     piece = nbytes / chunks
     return (log2ceil(p) + chunks - 1) * (alpha + 2 * piece * beta + 2 * piece * gamma)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from ..ir.schedule import INPUT, OUTPUT, Region
 from ._registry import register
-from ._window import (COPY, DEFAULT_SLOT_BYTES, more_than_one, node_timeline, one_node,
-                      reduce_as_posted, rounds, through_slots)
+from ._window import (DEFAULT_SLOT_BYTES, more_than_one, node_timeline, one_node,
+                      reduce_as_posted, rounds, through_slots, window_cost)
 
 __all__ = ["reduce_scatter", "allgather", "bcast", "reduce"]
 
@@ -88,8 +88,17 @@ def reduce(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_BYTE
     return tl.schedule(count, count if rank == root else 0)
 
 
-def _cost(p, nbytes, alpha, beta, gamma, **_):
-    return 2 * alpha / 4 + 2 * nbytes * COPY * beta + (p - 1) / p * nbytes * gamma
+# The busiest rank's copies and reductions, in blocks of ``nbytes`` (the count the schedule
+# takes: a reduce-scatter's or all-gather's block, a broadcast's or reduce's vector).
+_ONE, _EACH, _BUT_ONE = (lambda p: 1), (lambda p: p), (lambda p: p - 1)
+#: reduce-scatter: p blocks into its slot's areas, p - 1 peers' block r reduced
+_REDUCE_SCATTER = window_cost(_EACH, _EACH, _BUT_ONE)
+#: all-gather: its block into its slot, p - 1 peers' blocks out
+_ALLGATHER = window_cost(_EACH, _ONE)
+#: broadcast: the root's write and a reader's copy out
+_BCAST = window_cost(lambda p: 2, _ONE)
+#: reduce: every rank's write; the root reduces p - 1 peers' slots
+_REDUCE = window_cost(_ONE, _ONE, _BUT_ONE)
 
 
 def _refuse(layout, device):
@@ -98,7 +107,8 @@ def _refuse(layout, device):
 
 
 _WHERE = {"context": ("nodes", "slot_bytes"), "refuse": _refuse, "weigh": more_than_one}
-register("shared_memory", "reduce_scatter", reduce_scatter, _cost, aliases=("shm",), **_WHERE)
-register("shared_memory", "allgather", allgather, _cost, aliases=("shm",), **_WHERE)
-register("shared_memory", "bcast", bcast, _cost, {"root": 0}, aliases=("shm",), **_WHERE)
-register("shared_memory", "reduce", reduce, _cost, {"root": 0}, aliases=("shm",), **_WHERE)
+register("shared_memory", "reduce_scatter", reduce_scatter, _REDUCE_SCATTER, aliases=("shm",),
+         **_WHERE)
+register("shared_memory", "allgather", allgather, _ALLGATHER, aliases=("shm",), **_WHERE)
+register("shared_memory", "bcast", bcast, _BCAST, {"root": 0}, aliases=("shm",), **_WHERE)
+register("shared_memory", "reduce", reduce, _REDUCE, {"root": 0}, aliases=("shm",), **_WHERE)

@@ -17,13 +17,11 @@ areas of half a slot over p; a block larger than an area is refused.
 
 from __future__ import annotations
 
-from math import ceil
-
 from ..ir.schedule import INPUT, OUTPUT, Region
 from ._common import check_counts, check_int, elements, starts
 from ._registry import register
-from ._window import (COPY, DEFAULT_SLOT_BYTES, more_than_one, node_timeline, one_node,
-                      reduce_as_posted, rounds, through_slots)
+from ._window import (DEFAULT_SLOT_BYTES, more_than_one, node_timeline, one_node,
+                      reduce_as_posted, rounds, through_slots, window_cost as _cost)
 
 __all__ = ["gather", "scatter", "alltoall", "allgatherv", "reduce_scatter_v", "gatherv",
            "scatterv", "alltoallv"]
@@ -197,22 +195,6 @@ def alltoallv(rank, size, count, itemsize, nodes=None, slot_bytes=DEFAULT_SLOT_B
 
 # --- where they run, and what they cost --------------------------------------------------
 
-def _cost(copies, parts, reductions=lambda p: 0, one_round=False):
-    """The cost of a window exchange whose busiest rank copies ``copies(p)`` blocks into or
-    out of the window and reduces ``reductions(p)``, through halves of ``parts(p)`` areas."""
-    def cost(p, nbytes, alpha, beta, gamma, nodes=None, slot_bytes=DEFAULT_SLOT_BYTES, **_):
-        """A round's barrier costs about alpha/4 twice (flags in shared cache lines, no
-        message), a copy through the window ``COPY * beta`` per byte, a reduction gamma per
-        byte; ``nbytes``: a block's bytes (the uneven forms: their mean block)."""
-        if p == 1:
-            return nbytes * COPY * beta
-        area = max(1, slot_bytes // 2 // parts(p))
-        chunks = 1 if one_round else max(1, ceil(nbytes / area))
-        return 2 * chunks * alpha / 4 + copies(p) * nbytes * COPY * beta + \
-            reductions(p) * nbytes * gamma
-    return cost
-
-
 def _refuse(layout, device):
     """Host buffers, every rank on one node (across nodes: the flat algorithms)."""
     return one_node(layout, device, "a flat algorithm")
@@ -255,5 +237,6 @@ register("shared_memory", "reduce_scatter_v", reduce_scatter_v,
 register("shared_memory", "gatherv", gatherv, _ROOTED, {"root": 0, "counts": None}, **_ASKED)
 register("shared_memory", "scatterv", scatterv, _ROOTED_AREAS, {"root": 0, "counts": None},
          **_ASKED)
-register("shared_memory", "alltoallv", alltoallv, _cost(_both_ways, _each, one_round=True),
+register("shared_memory", "alltoallv", alltoallv,
+         _cost(_both_ways, _each, one_round=True, whole_send=True),
          {"sendcounts": None, "recvcounts": None}, **_ASKED)

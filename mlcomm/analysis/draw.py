@@ -3,7 +3,9 @@
 Ranks are rows, rounds are columns.  Each cell shows what one rank holds of
 the vector after that round: one box per element, coloured by whose
 contributions it sums (a rank's own colour, a blend for a partial sum, black
-when every rank is in it).  Arrows are the messages that complete in that
+when every rank is in it).  A collective that only moves data (no ``Reduce``
+in any schedule: gathers, scatters, broadcasts, all-to-alls) shows each rank's
+output instead, element by element, coloured by the rank whose data it holds.  Arrows are the messages that complete in that
 round; dashed arrows are reads of a peer's node window slot; a grey frame
 around a node's rows is a node synchronisation (an await of a peer's post)
 completing in that round.  Rounds are those of the unit-cost model: a message
@@ -78,6 +80,14 @@ class _State:
             didx, dcnt = self.read(op.first)
             self.write(op.dst, np.where(didx >= 0, didx, idx), dcnt + cnt)
 
+    def output_view(self, count):
+        """The contribution counts of each element of this rank's output (zeros past its
+        end)."""
+        cnt = np.zeros((count, self.cnt[INPUT].shape[1]), np.int64)
+        held = self.cnt[OUTPUT][:count]
+        cnt[:len(held)] = held
+        return cnt
+
     def view(self, count):
         """Per vector index, the fullest partial sum this rank holds anywhere (output first,
         its window slot included)."""
@@ -97,9 +107,11 @@ class _State:
 class Trace(NamedTuple):
     """What :func:`trace` finds, round by round (index 0 is the start)."""
 
-    #: ``views[t][r]``: rank r's (count, p) contribution counts after round t
+    #: ``views[t][r]``: rank r's (count, p) contribution counts after round t (of the
+    #: vector's elements, or of its output's where no schedule reduces)
     views: list
     #: ``messages[t]``: ``(src, dst, indices, counts)`` of the messages completing in round t
+    #: (where no schedule reduces, the indices are the output's that a message lands in)
     messages: list
     #: ``reads[t]``: ``(owner, reader, indices, counts)`` of the reads of a peer's slot in round t
     reads: list
@@ -110,7 +122,9 @@ class Trace(NamedTuple):
 def trace(schedules) -> Trace:
     """Run ``schedules`` symbolically, in the rounds of the unit-cost model."""
     p = len(schedules)
-    count = schedules[0].input_count if p else 0
+    moves = not any(type(op) is Reduce for s in schedules for st in s.steps for op in st.ops)
+    count = (max(s.output_count for s in schedules) if moves else schedules[0].input_count) \
+        if p else 0
     prog = compile_schedules(schedules, 1)
     unit = simulate(prog, UNIT_NETWORK)
     rounds = int(round(unit.seconds))
@@ -147,8 +161,9 @@ def trace(schedules) -> Trace:
             states[r].peer_reads.clear()
         return read
 
+    look = (lambda st: st.output_view(count)) if moves else (lambda st: st.view(count))
     reads = [run_ops(0)]  # local ops before any message or sync (copies)
-    views = [[st.view(count) for st in states]]
+    views = [[look(st) for st in states]]
     messages = [[]]
     for t in range(1, rounds + 1):
         arrived = []
@@ -159,9 +174,11 @@ def trace(schedules) -> Trace:
             arrived.append((s, d, rreg, idx, cnt))
         for s, d, rreg, idx, cnt in arrived:
             states[d].write(rreg, idx, cnt)
-        messages.append([(s, d, idx, cnt) for s, d, _, idx, cnt in arrived])
+        messages.append([(s, d, np.arange(rreg.offset, rreg.stop)
+                          if moves and rreg.buffer == OUTPUT else idx, cnt)
+                         for s, d, rreg, idx, cnt in arrived])
         reads.append(run_ops(t))
-        views.append([st.view(count) for st in states])
+        views.append([look(st) for st in states])
     return Trace(views, messages, reads, [sorted(n) for n in syncs])
 
 
@@ -195,7 +212,7 @@ def draw_schedule(schedules, path, title: str | None = None) -> None:
 
     views, messages, reads, syncs = trace(schedules)
     p = len(schedules)
-    count = schedules[0].input_count
+    count = len(views[0][0]) if p else 0
     rounds = len(views) - 1
     base = _colours(p)
     box, gap_x, row_h = 1.0, 2.2, 1.7

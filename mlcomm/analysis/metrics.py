@@ -9,7 +9,7 @@ import numpy as np
 from .simulator import UNIT_NETWORK, Network, SimProgram, compile_schedules, simulate
 
 __all__ = ["KEYS", "schedule_metrics", "analyze", "analyzable", "count_for", "node_layout",
-           "not_applicable", "build_options", "inter_choice", "formula_seconds"]
+           "not_applicable", "call_shape", "build_options", "inter_choice", "formula_seconds"]
 
 #: The keys of one ``mlcomm analyze`` row, in output order.
 KEYS = ("algorithm", "ranks", "bytes", "rounds", "total_bytes_sent", "max_rank_bytes_sent",
@@ -17,10 +17,15 @@ KEYS = ("algorithm", "ranks", "bytes", "rounds", "total_bytes_sent", "max_rank_b
         "max_rank_window_bytes", "predicted_seconds", "formula_seconds")
 
 
-def analyzable() -> list[str]:
-    """Names of the all-reduce algorithms that have a schedule (not ``mpi``, not ``auto``)."""
-    from ..algorithms import ALGORITHMS
-    return [name for name, algo in ALGORITHMS.items() if algo.hand_written]
+def _entry(name: str, collective: str):
+    from ..algorithms import COLLECTIVES
+    return COLLECTIVES[collective][name]
+
+
+def analyzable(collective: str = "allreduce") -> list[str]:
+    """Names of ``collective``'s algorithms that have a schedule (not ``mpi``, not ``auto``)."""
+    from ..algorithms import COLLECTIVES
+    return [name for name, algo in COLLECTIVES[collective].items() if algo.hand_written]
 
 
 def count_for(nbytes: int, itemsize: int) -> int:
@@ -37,12 +42,25 @@ def node_layout(p: int, ranks_per_node: int | None = None) -> tuple:
     return tuple(tuple(range(i, min(p, i + k))) for i in range(0, p, k))
 
 
-def not_applicable(name: str, p: int, ranks_per_node: int | None = None) -> str | None:
+def not_applicable(name: str, p: int, ranks_per_node: int | None = None,
+                   collective: str = "allreduce") -> str | None:
     """Why ``name`` cannot run on this layout (host buffers), as its registry entry says
     (``shared_memory`` across nodes), else None."""
-    from ..algorithms import ALGORITHMS, Layout
-    algo = ALGORITHMS.get(name)
+    from ..algorithms import COLLECTIVES, Layout
+    algo = COLLECTIVES[collective].get(name)
     return algo.why_not(Layout(p, node_layout(p, ranks_per_node))) if algo else None
+
+
+def call_shape(algo, p: int, count: int) -> tuple[int, dict]:
+    """``(the count algo's schedule takes, the options that shape the call)`` for blocks of
+    ``count`` elements: the uneven forms with even counts, ``counts=(count,) * p``; the
+    all-to-all-v's ``sendcounts`` and ``recvcounts`` alike, its count the whole send
+    (p · count, as a call passes it, and as its closed form takes it in bytes). Rooted
+    collectives keep their default root, 0."""
+    even = (count,) * p
+    if "sendcounts" in algo.options:
+        return p * count, {"sendcounts": even, "recvcounts": even}
+    return count, ({"counts": even} if "counts" in algo.options else {})
 
 
 def inter_choice(nodes: int, nbytes: int, network: Network, itemsize: int = 8) -> str:
@@ -61,15 +79,17 @@ def inter_choice(nodes: int, nbytes: int, network: Network, itemsize: int = 8) -
 
 def build_options(name: str, p: int, nbytes: int, *, itemsize: int = 8,
                   options: dict | None = None, ranks_per_node: int | None = None,
-                  network: Network | None = None) -> dict:
-    """The options ``name``'s schedules are built with: the caller's that it takes, and the
-    context a job's session supplies (the node layout of ``ranks_per_node``, the window's
-    slot size unless ``options`` names ``slot_bytes``); ``inter="auto"`` resolved by
+                  network: Network | None = None, collective: str = "allreduce") -> dict:
+    """The options ``name``'s schedules are built with, ``nbytes`` one rank's block: the
+    call's shape (:func:`call_shape`), the caller's options that it takes, and the context
+    a job's session supplies (the node layout of ``ranks_per_node``, the window's slot size
+    unless ``options`` names ``slot_bytes``); ``inter="auto"`` resolved by
     :func:`inter_choice`."""
-    from ..algorithms import ALGORITHMS, AUTO, DEFAULT_SLOT_BYTES
-    algo = ALGORITHMS[name]
-    opts = {k: v for k, v in (options or {}).items()
-            if k in algo.options or (k in algo.context and k != "nodes")}
+    from ..algorithms import AUTO, DEFAULT_SLOT_BYTES
+    algo = _entry(name, collective)
+    opts = call_shape(algo, p, count_for(nbytes, itemsize))[1] if algo.hand_written else {}
+    opts.update({k: v for k, v in (options or {}).items()
+                 if k in algo.options or (k in algo.context and k != "nodes")})
     if "nodes" in algo.context:
         opts["nodes"] = node_layout(p, ranks_per_node)
     if "slot_bytes" in algo.context:
@@ -82,15 +102,15 @@ def build_options(name: str, p: int, nbytes: int, *, itemsize: int = 8,
 
 
 def formula_seconds(name: str, p: int, nbytes: int, network: Network, options: dict,
-                    ranks_per_node: int | None = None) -> float:
-    """The closed form of ``name`` (``options`` from :func:`build_options`).
+                    ranks_per_node: int | None = None, collective: str = "allreduce") -> float:
+    """The closed form of ``name`` (``options`` from :func:`build_options`; ``nbytes``: the
+    count its schedule takes, in bytes, :func:`call_shape`).
 
     Across more than one node a flat algorithm's closed form prices every message at the
     inter-node alpha and beta (its critical path crosses a node in every step); an
     algorithm that knows the layout is given the inter-node constants as options.
     """
-    from ..algorithms import ALGORITHMS
-    algo = ALGORITHMS[name]
+    algo = _entry(name, collective)
     alpha, beta = network.alpha, network.beta
     extra = {}
     if algo.context:
@@ -144,28 +164,34 @@ def schedule_metrics(program: SimProgram) -> dict:
 
 def analyze(name: str, p: int, nbytes: int, *, itemsize: int = 8, profile=None,
             network: Network | None = None, options: dict | None = None,
-            program: SimProgram | None = None, ranks_per_node: int | None = None) -> dict:
-    """Return one analysis row (the keys of :data:`KEYS`) for algorithm ``name``.
+            program: SimProgram | None = None, ranks_per_node: int | None = None,
+            collective: str = "allreduce") -> dict:
+    """Return one analysis row (the keys of :data:`KEYS`) for ``collective``'s algorithm
+    ``name``, ``nbytes`` the bytes of one rank's block (the whole vector of an all-reduce,
+    broadcast or reduce; one block to each rank of an all-to-all or all-to-all-v).
 
     ``ranks_per_node`` lays the ranks out on nodes (default: one node) for the algorithms
     that use the layout; an algorithm that cannot run on it gets a row of None.
     """
-    from ..algorithms import ALGORITHMS, build_schedules
+    from ..algorithms import build_schedules
     from ..model.machine import load_profile
     profile = profile or load_profile()
     network = network or Network.from_profile(profile)
-    algo = ALGORITHMS[name]
+    algo = _entry(name, collective)
     row = dict.fromkeys(KEYS)
     row.update(algorithm=name, ranks=p, bytes=nbytes)
-    if not_applicable(name, p, ranks_per_node):
+    if not_applicable(name, p, ranks_per_node, collective):
         return row
     options = build_options(name, p, nbytes, itemsize=itemsize, options=options,
-                            ranks_per_node=ranks_per_node, network=network)
+                            ranks_per_node=ranks_per_node, network=network,
+                            collective=collective)
+    count = call_shape(algo, p, count_for(nbytes, itemsize))[0]
     if algo.hand_written:
         if program is None:
-            count = count_for(nbytes, itemsize)
-            program = compile_schedules(build_schedules(name, p, count, itemsize, **options), itemsize)
+            program = compile_schedules(build_schedules(name, p, count, itemsize, collective,
+                                                        **options), itemsize)
         row.update(schedule_metrics(program))
         row["predicted_seconds"] = simulate(program, network).seconds
-    row["formula_seconds"] = formula_seconds(name, p, nbytes, network, options, ranks_per_node)
+    row["formula_seconds"] = formula_seconds(name, p, count * itemsize, network, options,
+                                             ranks_per_node, collective)
     return row

@@ -18,7 +18,7 @@ import sys
 
 __all__ = ["parse_list", "is_root", "world", "show_progress", "write_text",
            "output_format", "positive_int", "non_negative_int", "size", "sizes", "rank_list", "algorithm",
-           "algorithm_list", "kernel_dtype_list", "op_list", "options",
+           "algorithm_list", "algorithm_names", "kernel_dtype_list", "op_list", "options",
            "add_algorithms", "add_sizes", "add_dtype", "add_op", "add_option", "add_format",
            "add_output", "add_profile", "add_progress", "add_quick"]
 
@@ -138,11 +138,18 @@ def _algorithm(text) -> str:
     return resolve(text.strip())
 
 
-def _algorithm_list(text):
-    """Canonical names of ``A,B`` (aliases allowed); None for ``all``."""
+def _algorithm_names(text):
+    """The names of ``A,B`` as given, once each; None for ``all`` (a command that knows its
+    collective only once parsed resolves them then)."""
     if text.strip() in ("", "all"):
         return None
-    return list(dict.fromkeys(_algorithm(t) for t in text.split(",") if t.strip()))
+    return list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+
+
+def _algorithm_list(text):
+    """Canonical all-reduce names of ``A,B`` (aliases allowed); None for ``all``."""
+    names = _algorithm_names(text)
+    return None if names is None else list(dict.fromkeys(map(_algorithm, names)))
 
 
 def _kernel_dtype_list(text) -> list:
@@ -189,6 +196,7 @@ sizes = _argument(_sizes)
 rank_list = _argument(_rank_list)
 algorithm = _argument(_algorithm)
 algorithm_list = _argument(_algorithm_list)
+algorithm_names = _argument(_algorithm_names)
 kernel_dtype_list = _argument(_kernel_dtype_list)
 op_list = _argument(_op_list)
 _option_arg = _argument(_option)
@@ -201,9 +209,11 @@ def options(args) -> dict:
 
 # --- flags ----------------------------------------------------------------------------
 
-def add_algorithms(p, help="algorithms, comma-separated (default: all)") -> None:
-    p.add_argument("-a", "--algorithms", type=algorithm_list, default=None,
-                   metavar="all|A,B,...", help=help)
+def add_algorithms(p, help="algorithms, comma-separated (default: all)", resolve=True) -> None:
+    """``-a``; ``resolve=False``: the names as given, for the command to resolve against its
+    collective."""
+    p.add_argument("-a", "--algorithms", type=algorithm_list if resolve else algorithm_names,
+                   default=None, metavar="all|A,B,...", help=help)
 
 
 def add_sizes(p, help="message sizes in bytes, e.g. 8,64K,16M or 8,64,...,16M",

@@ -40,8 +40,24 @@ def _itemsize(dtype) -> int:
     return parse_dtype(dtype).itemsize
 
 
+def _resolve_names(args, parser) -> None:
+    """``-a``'s names (aliases allowed) as ``--collective``'s canonical names, in place."""
+    from ...algorithms import resolve
+    collective = getattr(args, "collective", "allreduce")
+    try:
+        if getattr(args, "algorithms", None):
+            args.algorithms = list(dict.fromkeys(resolve(a, collective) for a in args.algorithms))
+        if getattr(args, "algorithm", None):
+            args.algorithm = resolve(args.algorithm.strip(), collective)
+    except ValueError as exc:
+        flag = "-a/--algorithms" if getattr(args, "algorithms", None) else "-a/--algorithm"
+        parser.error(f"argument {flag}: {exc}")
+
+
 def _check_model(args, parser) -> None:
     """Shared checks of analyze, simulate, explain and draw (names, dtype, profile)."""
+    _resolve_names(args, parser)
+    collective = getattr(args, "collective", "allreduce")
     if getattr(args, "profile", None) and not os.path.exists(args.profile):
         parser.error(f"argument --profile: no file {args.profile!r}")
     if getattr(args, "dtype", None):
@@ -59,16 +75,28 @@ def _check_model(args, parser) -> None:
         [args.algorithm] if getattr(args, "algorithm", None) else None)
     if getattr(args, "algorithm", None):
         from ..metrics import not_applicable
-        why = not_applicable(args.algorithm, args.ranks, args.ranks_per_node)
+        why = not_applicable(args.algorithm, args.ranks, args.ranks_per_node, collective)
         if why:
             parser.error(f"argument -a/--algorithm: {args.algorithm} on {args.ranks} ranks, "
                          f"{args.ranks_per_node} per node, {why}")
     if names and getattr(args, "schedules_only", False):
         from ..metrics import analyzable
-        bad = [a for a in names if a not in analyzable()]
+        bad = [a for a in names if a not in analyzable(collective)]
         if bad:
             parser.error(f"argument -a: {', '.join(bad)} has no schedule; choose from "
-                         f"{', '.join(analyzable())}")
+                         f"{', '.join(analyzable(collective))}")
+
+
+def _collective(p) -> None:
+    """``--collective NAME``: whose algorithms the command builds."""
+    from ...algorithms import COLLECTIVES
+    p.add_argument("--collective", choices=list(COLLECTIVES), default="allreduce",
+                   metavar="NAME",
+                   help="the collective whose algorithms to study: "
+                        f"{', '.join(COLLECTIVES)} (default %(default)s); -s is one rank's "
+                        "block (an all-reduce's, broadcast's or reduce's whole vector, an "
+                        "all-to-all's block to each rank); rooted ones at root 0, the "
+                        "uneven ones with even counts")
 
 
 def _ranks_per_node(p, extra="") -> None:
@@ -117,7 +145,8 @@ def _sim_args(p, limit=None, seconds=None) -> None:
 
 def _schedule_args(p) -> None:
     """The flags of the commands that build schedules: -a, -d, --option."""
-    add_algorithms(p, "algorithms, comma-separated (default: every one with a schedule)")
+    add_algorithms(p, "algorithms, comma-separated (default: every one with a schedule)",
+                   resolve=False)
     add_dtype(p, "float64", "element type; sets the element size (default %(default)s)")
     add_option(p)
 
@@ -126,6 +155,7 @@ def _sweep_args(p, metavar, ranks, **format_help) -> None:
     """The flags of analyze and simulate: rank counts, sizes, schedules, format, cost model."""
     p.add_argument("-p", "--ranks", type=rank_list, required=True, metavar=metavar, help=ranks)
     add_sizes(p, required=True)
+    _collective(p)
     _schedule_args(p)
     add_format(p, **format_help)
     _model_args(p, cluster=True)

@@ -17,13 +17,14 @@ def _simulate(args) -> int:
     if not is_root():
         return 0
     profile, net = _network(args)
-    names = args.algorithms or analyzable()
+    names = args.algorithms or analyzable(args.collective)
     total = len(names) * len(args.ranks) * len(args.sizes)
     with tqdm(total=total, desc="simulate", disable=not show_progress(args) or total < 8,
               file=sys.stderr, leave=False) as bar:
         rows = sweep(names, args.ranks, args.sizes, network=net, itemsize=_itemsize(args.dtype),
                      options=options(args), limit=args.sim_limit,
-                     seconds=args.sim_seconds, progress=bar, ranks_per_node=args.ranks_per_node)
+                     seconds=args.sim_seconds, progress=bar, ranks_per_node=args.ranks_per_node,
+                     collective=args.collective)
     print(format_rows(rows, SWEEP_KEYS, args.format))
     formula = sorted({(r["algorithm"], r["ranks"]) for r in rows if r["source"] == "formula"})
     if args.format == "table":
