@@ -36,7 +36,8 @@ setup(
         # the CPU build that installs from a file on the team's machines; an unpinned torch
         # pulls several GB of CUDA packages
         "torch": TORCH,
-        "test": ["pytest>=7", "pytest-mpi>=0.6", "hypothesis>=6", "build>=1", *DOCS, *TORCH],
+        "test": ["pytest>=7", "pytest-mpi>=0.6", "hypothesis>=6", "build>=1",
+                 "expecttest>=0.2", *DOCS, *TORCH],
     },
     entry_points={"console_scripts": ["mlcomm = mlcomm.cli:main"]},
 )

@@ -41,7 +41,6 @@ def test_pytorch_own_tests_of_the_exchanges():
     collectives on the mlcomm backend at P = 2 (tests/torch_distributed_test.py): every
     test, and every body torch's decorators skip for a backend other than MPI or gloo,
     passes; the rest skip for the world size alone."""
-    pytest.importorskip("expecttest")  # torch's test helpers import it
     proc = mpirun(2, [ROOT / "tests" / "torch_distributed_test.py", "--unwrap"],
                   timeout=240, env=MODEL)
     lines = proc.stdout.strip().splitlines()
