@@ -201,9 +201,11 @@ def options(args) -> dict:
 
 # --- flags ----------------------------------------------------------------------------
 
-def add_algorithms(p, help="algorithms, comma-separated (default: all)") -> None:
-    p.add_argument("-a", "--algorithms", type=algorithm_list, default=None,
-                   metavar="all|A,B,...", help=help)
+def add_algorithms(p, help="algorithms, comma-separated (default: all)", resolve=True) -> None:
+    """``-a/--algorithms``: all-reduce's canonical names, or with ``resolve`` False the names
+    as written (the command resolves them in its collective's registry)."""
+    p.add_argument("-a", "--algorithms", type=algorithm_list if resolve else str,
+                   default=None, metavar="all|A,B,...", help=help)
 
 
 def add_sizes(p, help="message sizes in bytes, e.g. 8,64K,16M or 8,64,...,16M",
