@@ -354,6 +354,80 @@ def test_bench_says_what_auto_ran_n2(tmp_path, monkeypatch):
         assert f"out auto: {want} " in proc.stdout
 
 
+#: the collectives the jobs below time, with nccl-tests' bus-bandwidth factor at p ranks and
+#: the blocks of nccl-tests' size S (the whole buffer) per rank's block
+_EVERY = {"gather": (lambda p: (p - 1) / p, "p"), "alltoall": (lambda p: (p - 1) / p, "p"),
+          "allgatherv": (lambda p: (p - 1) / p, "p"), "bcast": (lambda p: 1.0, 1)}
+
+
+def test_every_collective_has_a_call_builder():
+    import mlcomm
+    from mlcomm.benchmark.calls import CALLS, busbw_factor
+    assert list(CALLS) == list(mlcomm.COLLECTIVES)
+    assert busbw_factor("allreduce", 4) == 1.5 and busbw_factor("reduce", 4) == 1.0
+    assert {c for c in CALLS if busbw_factor(c, 4) == 0.75} == set(CALLS) - {
+        "allreduce", "bcast", "reduce"}
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_bench_other_collectives_check_clean(nprocs, tmp_path):
+    """--collective: every algorithm of the collective that applies here, auto and the
+    library's plain call, checked against it at two sizes; nccl-tests' bandwidths."""
+    from mlcomm.algorithms import COLLECTIVES, Layout
+    layout = Layout(nprocs)  # one node: the tests run on one machine
+    for collective, (factor, blocks) in _EVERY.items():
+        out = tmp_path / f"{collective}.json"
+        proc = mpirun(nprocs, BENCH + ["--collective", collective, "-s", "8,4K", "-n", "2",
+                                       "-w", "1", "-r", "1", "--check", "--output", out],
+                      timeout=240)
+        data = json.loads(out.read_text())
+        want = {n for n, a in COLLECTIVES[collective].items() if a.applies(layout)} | {"auto"}
+        assert {d["algorithm"] for d in data} == want, (collective, data)
+        assert len(data) == 2 * len(want) and {d["bytes"] for d in data} == {8, 4096}
+        for d in data:
+            assert d["collective"] == collective and d["ranks"] == nprocs, d
+            assert d["wrong"] == 0, d
+            assert d["busbw_gbps"] == pytest.approx(d["algbw_gbps"] * factor(nprocs)), d
+            whole = d["bytes"] * (nprocs if blocks == "p" else 1)
+            assert d["algbw_gbps"] == pytest.approx(whole / d["time_us_avg"] / 1e3), d
+        mpi = {"gather": "MPI_Gather", "alltoall": "MPI_Alltoall",
+               "allgatherv": "MPI_Allgatherv", "bcast": "MPI_Bcast"}[collective]
+        lines = proc.stdout.splitlines()
+        assert lines[0].startswith(f"# mlcomm bench: {collective}  ranks {nprocs}"), lines[0]
+        assert lines[1] == f"# baseline: mpi = {mpi}(float32)"
+        bw = "algbw = p*bytes/avg; busbw = algbw*(p-1)/p" if blocks == "p" else \
+            "algbw = bytes/avg; busbw = algbw*1"
+        assert bw in lines[2], lines[2]
+        for alg in want - {"auto"}:
+            assert re.search(rf"^ +(8|4096) +\d+ +out {alg} ", proc.stdout, re.M), alg
+        assert re.search(r"^ +8 +\d+ +out auto: \w+", proc.stdout, re.M), proc.stdout
+        assert "# check: 0 wrong elements OK" in proc.stdout
+        assert f"faster than {mpi})" in proc.stdout
+
+
+def test_bench_collective_refuses_what_it_does_not_time():
+    from mlcomm.cli import AgreedExit, main
+    import contextlib
+    for argv, words in ((["--collective", "gather", "--both"], "out-of-place calls on host"),
+                        (["--collective", "gather", "-a", "ring"],
+                         "'ring' is not a known gather algorithm"),
+                        (["--collective", "gathr"], "invalid choice: 'gathr'")):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), pytest.raises(AgreedExit) as exc:
+            main(["bench", *argv])
+        assert exc.value.code == 2 and words in err.getvalue(), err.getvalue()
+
+
+def test_plot_names_the_collective(tmp_path):
+    from mlcomm.benchmark.plot import plot_sweep, sweep_title
+    recs = [dict(r, collective="alltoall", op="-") for r in _fake_sweep()]
+    path = plot_sweep(recs, tmp_path / "alltoall.png")
+    assert path.read_bytes()[:4] == b"\x89PNG" and path.stat().st_size > 10_000
+    assert sweep_title(recs, "out-of-place") == "alltoall, 4 ranks, float32, out-of-place, " \
+        "device cpu"
+    assert sweep_title(_fake_sweep(), "in-place").startswith("all-reduce, 4 ranks, float32 sum")
+
+
 def test_bench_baseline_is_said_in_the_table_n2():
     proc = mpirun(2, BENCH + ["-a", "ring", "-s", "64,1K", "-n", "2", "-w", "1", "-r", "1",
                               "-d", "bfloat16"], timeout=120)

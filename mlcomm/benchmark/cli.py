@@ -1,4 +1,4 @@
-"""``mlcomm bench``: the all-reduce benchmark command."""
+"""``mlcomm bench``: the collective benchmark command (all-reduce by default)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from ..cli.args import (add_algorithms, add_dtype, add_format, add_op, add_optio
     add_progress, add_quick, add_sizes, non_negative_int, options, output_format, positive_int,
     show_progress, size, write_text)
 from ..kernels import OPS
+from .calls import CALLS
 
 __all__ = ["register", "run", "QUICK_SIZES", "add_sweep", "sweep_sizes"]
 
@@ -22,11 +23,16 @@ examples:
   mpiexec -n 4 mlcomm bench --quick --plot bench.png
   mpiexec -n 2 mlcomm bench -a ring,double_binary_tree -b 8 -e 64M --check
   mpiexec -n 3 mlcomm bench -d bfloat16 -o avg --both --format json --output r.json
+  mpiexec -n 2 mlcomm bench --collective gather -s 8,64K,16M --check
   mlcomm bench --kernels -b 1M -e 256M -f 4 -d float32,float16
 
-ratio = time / mpi time in the same run (< 1 beats MPI_Allreduce);
-busbw = algbw * 2(p-1)/p.  For a dtype MPI cannot reduce (float16, bfloat16) the `mpi`
-row times MPI_Allreduce on the same bytes as unsigned integers; the header says so.
+ratio = time / mpi time in the same run (< 1 beats MPI_Allreduce, or with --collective
+the library's own call: MPI_Gather, MPI_Alltoallv, ...); bandwidths as nccl-tests':
+algbw = S/time, S the whole buffer (each rank's block, the size given, times p for
+reduce_scatter, allgather, gather, scatter, alltoall and their v forms), busbw = algbw *
+2(p-1)/p for allreduce, (p-1)/p for those, 1 for bcast and reduce.  The v forms take even
+counts.  For a dtype MPI cannot reduce (float16, bfloat16) the `mpi` row times the call on
+the same bytes as unsigned integers; the header says so.
 Exit status 1 if --check finds a wrong element.
 """
 
@@ -69,12 +75,18 @@ def sweep_sizes(args, itemsize: int, lo="8", hi="16M", factor=2.0) -> list:
 def register(subparsers):
     """Add the ``bench`` command."""
     p = subparsers.add_parser(
-        "bench", help="benchmark all-reduce algorithms against MPI_Allreduce",
-        description="Sweep message sizes and time each all-reduce algorithm next to the "
-                    "MPI library's own MPI_Allreduce (`mpi`), nccl-tests/OSU style. "
-                    "Run it under mpiexec; only rank 0 prints.",
+        "bench", help="benchmark all-reduce (or another collective's) algorithms against "
+                      "the MPI library's call",
+        description="Sweep message sizes and time each algorithm of a collective (all-reduce "
+                    "by default) next to the MPI library's own call (`mpi`: MPI_Allreduce, "
+                    "MPI_Gather, ...), nccl-tests/OSU style. Run it under mpiexec; only "
+                    "rank 0 prints.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_algorithms(p, "algorithms to run besides the `mpi` baseline (default all)")
+    p.add_argument("--collective", default="allreduce", choices=list(CALLS), metavar="NAME",
+                   help=f"the collective to time: {', '.join(CALLS)} (default %(default)s); "
+                        f"the size is each rank's block")
+    add_algorithms(p, "algorithms to run besides the `mpi` baseline (default all of the "
+                      "collective's, auto included)", resolve=False)
     add_option(p)
     add_sweep(p)
     p.add_argument("-n", "--iters", type=positive_int, default=None,
@@ -147,10 +159,16 @@ def _validate(args, parser) -> None:
         return
     if len(args.dtypes) > 1:
         parser.error("argument -d/--dtype: one dtype (a list goes with --kernels)")
+    collective = args.collective
+    if collective != "allreduce" and (args.placement in ("in", "both") or
+                                      args.device != "cpu"):
+        parser.error(f"--collective {collective}: out-of-place calls on host buffers only "
+                     f"(--in-place, --both and --device cuda go with allreduce)")
     try:
-        check_op(args.dtypes[0], args.op)
-        args.algorithms = resolve_algorithms(args.algorithms)
-        args.options = options_for(args.algorithms, options(args))
+        if CALLS[collective].reduces:
+            check_op(args.dtypes[0], args.op)
+        args.algorithms = resolve_algorithms(args.algorithms, collective)
+        args.options = options_for(args.algorithms, options(args), collective)
         args.byte_sizes = sweep_sizes(args, args.dtypes[0].itemsize)
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
@@ -249,7 +267,7 @@ def run(args) -> int:
         algorithms=args.algorithms, sizes=args.byte_sizes, dtype=args.dtypes[0], op=args.op,
         placements=placements, iters=args.iters, warmup=args.warmup, rounds=args.rounds,
         quick=args.quick, check=args.check, device=args.device, options=args.options,
-        progress=show_progress(args))
+        progress=show_progress(args), collective=args.collective)
     records = run_bench(cfg, comm)
     wrong = sum(r["wrong"] or 0 for r in records)
     if comm.Get_rank() == 0:

@@ -37,27 +37,30 @@ def default_iters(nbytes: int, quick: bool = False) -> tuple[int, int]:
     return iters, max(1 if quick else 2, iters // 4)
 
 
-def resolve_algorithms(spec) -> list[str]:
-    """Return the algorithm names to run: ``mpi`` first, then ``spec``.
+def resolve_algorithms(spec, collective: str = "allreduce") -> list[str]:
+    """Return the algorithm names of ``collective`` to run: ``mpi`` first, then ``spec``.
 
-    ``spec`` is ``all`` (or None), ``"A,B"`` or a list of names; aliases are resolved and
-    an unknown name is a ValueError naming the known ones.
+    ``spec`` is ``all`` (or None: every algorithm of the collective's registry, ``auto``
+    last), ``"A,B"`` or a list of names; aliases are resolved and an unknown name is a
+    ValueError naming the known ones.
     """
-    from ..algorithms import COLLECTIVES, resolve
+    from ..algorithms import AUTO, COLLECTIVES, resolve
+    table = COLLECTIVES[collective]
     if spec in (None, "", "all"):
-        names = [n for n in COLLECTIVES["allreduce"] if n != BASELINE]
+        names = [n for n in table if n not in (BASELINE, AUTO)] + [AUTO]
     else:
         items = spec.split(",") if isinstance(spec, str) else spec
-        names = [resolve(s.strip()) for s in items if s.strip()]
+        names = [s.strip() if s.strip() == AUTO else resolve(s.strip(), collective)
+                 for s in items if s.strip()]
     return [BASELINE] + [n for n in dict.fromkeys(names) if n != BASELINE]
 
 
-def options_for(algorithms, options: dict) -> dict:
+def options_for(algorithms, options: dict, collective: str = "allreduce") -> dict:
     """``{algorithm: its share of options}`` (``--option``): each algorithm gets the keys it
     takes; a key that none of ``algorithms`` takes is a ValueError naming who takes what."""
     from ..algorithms import COLLECTIVES
-    known = {name: COLLECTIVES["allreduce"][name].options for name in algorithms
-             if name in COLLECTIVES["allreduce"]}
+    table = COLLECTIVES[collective]
+    known = {name: table[name].options for name in algorithms if name in table}
     for key in options:
         if not any(key in opts for opts in known.values()):
             takes = "; ".join(f"{n}: {', '.join(sorted(o))}" for n, o in known.items() if o)
@@ -84,14 +87,15 @@ class BenchConfig:
     device: str = "cpu"
     progress: bool = True
     options: dict = field(default_factory=dict)      # algorithm -> its options (options_for)
+    collective: str = "allreduce"                    # a key of mlcomm.COLLECTIVES (calls.CALLS)
 
 
-def left_out(algorithms, comm, device: bool) -> dict:
+def left_out(algorithms, comm, device: bool, collective: str = "allreduce") -> dict:
     """``{name: why}`` for those of ``algorithms`` that cannot run on ``comm``'s node layout
-    and buffers, as their registry entries say (collective)."""
-    from ..algorithms import ALGORITHMS, Layout
+    and buffers, as their entries in ``collective``'s registry say."""
+    from ..algorithms import COLLECTIVES, Layout
     from ..session import session_of
+    table = COLLECTIVES[collective]
     layout = Layout(comm.Get_size(), session_of(comm).nodes)
-    why = {name: ALGORITHMS[name].why_not(layout, device)
-           for name in algorithms if name in ALGORITHMS}
+    why = {name: table[name].why_not(layout, device) for name in algorithms if name in table}
     return {name: reason for name, reason in why.items() if reason}

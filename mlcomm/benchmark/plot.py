@@ -6,9 +6,17 @@ import math
 
 from ..units import format_size
 
-__all__ = ["plot_sweep", "plot_vs_ranks", "model_times"]
+__all__ = ["plot_sweep", "plot_vs_ranks", "model_times", "sweep_title"]
 
 _BASELINE = "mpi"
+#: how a title names a collective (the others by their own name)
+_NAMES = {"allreduce": "all-reduce"}
+
+
+def _factor(collective):
+    """The bus-bandwidth factor of ``collective`` as the axis writes it."""
+    from .calls import CALLS
+    return CALLS[collective].factor.replace("-", "−")
 
 
 def _plt():
@@ -61,6 +69,15 @@ def model_times(algorithms, ranks, sizes, dtype="float32", op="sum"):
     return out or None
 
 
+def sweep_title(rows, placement) -> str:
+    """The sweep figure's title: the collective, ranks, dtype, op, placement, device."""
+    r0 = rows[0] if rows else {}
+    collective = r0.get("collective") or "allreduce"
+    op = f" {r0.get('op', '')}" if r0.get("op") != "-" else ""  # a collective that moves only
+    return (f"{_NAMES.get(collective, collective)}, {r0.get('ranks', 0)} ranks, "
+            f"{r0.get('dtype', '')}{op}, {placement}, device {r0.get('device', 'cpu')}")
+
+
 def plot_sweep(records, path, *, title=None, model=True):
     """Write a PNG: latency vs size (log-log) and busbw vs size side by side."""
     plt = _plt()
@@ -70,8 +87,9 @@ def plot_sweep(records, path, *, title=None, model=True):
     colors = _colors(algs)
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(13, 5.2))
     ranks = rows[0]["ranks"] if rows else 0
+    collective = (rows[0].get("collective") if rows else None) or "allreduce"
     predicted = None
-    if model and rows:
+    if model and rows and collective == "allreduce":  # the cost model's sizes are all-reduce's
         sizes = sorted({r["bytes"] for r in rows})
         predicted = model_times(algs, ranks, sizes, rows[0]["dtype"], rows[0]["op"])
     for alg in algs:
@@ -91,17 +109,15 @@ def plot_sweep(records, path, *, title=None, model=True):
         ax.set_xlabel("message size (bytes)")
         ax.grid(True, which="both", alpha=0.3)
     ax_t.set_yscale("log")
-    ax_t.set_ylabel("time per all-reduce (µs, avg over ranks)")
+    ax_t.set_ylabel(f"time per {_NAMES.get(collective, collective)} (µs, avg over ranks)")
     ax_t.set_title("latency")
-    ax_b.set_ylabel("bus bandwidth (GB/s) = algbw·2(p−1)/p")
+    ax_b.set_ylabel(f"bus bandwidth (GB/s) = algbw·{_factor(collective)}")
     ax_b.set_title("bus bandwidth")
     ax_t.legend(fontsize=8, loc="upper left")
     if predicted:
         ax_t.plot([], [], "k--", linewidth=1, label="model (calibrated profile)")
         ax_t.legend(fontsize=8, loc="upper left")
-    r0 = rows[0] if rows else {}
-    fig.suptitle(title or f"all-reduce, {ranks} ranks, {r0.get('dtype', '')} {r0.get('op', '')}, "
-                          f"{placement}, device {r0.get('device', 'cpu')}")
+    fig.suptitle(title or sweep_title(rows, placement))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from .baseline import BASELINE, baseline_label
+from .calls import CALLS, busbw_factor, nccl_bytes
 
 __all__ = ["RECORD_KEYS", "EXTRA_KEYS", "band_summary"]
 
@@ -15,37 +16,44 @@ RECORD_KEYS = ("algorithm", "ranks", "bytes", "count", "dtype", "op", "in_place"
                "ratio_to_mpi", "wrong")
 #: Extra keys: timed calls, interleaved rounds, device, peak resident memory (max over ranks),
 #: what the ``mpi`` baseline timed (see :func:`baseline_label`), the algorithm's
-#: ``--option`` pairs (``key=value,...``; empty without), and what ``auto`` ran (None for the
-#: others).
-EXTRA_KEYS = ("iters", "rounds", "device", "peak_rss_mib", "baseline", "options", "ran")
+#: ``--option`` pairs (``key=value,...``; empty without), what ``auto`` ran (None for the
+#: others), and the collective timed.
+EXTRA_KEYS = ("iters", "rounds", "device", "peak_rss_mib", "baseline", "options", "ran",
+              "collective")
 
 
 def _records(cfg, comm, device, nbytes, in_place, medians, wrongs, peaks, rounds, per_round):
     """One record per algorithm of ``cfg``: its ``medians`` (seconds per call on this rank)
-    over ranks, bandwidths, ``wrongs`` and ``peaks``, and its time against ``mpi``'s."""
+    over ranks, bandwidths (nccl-tests': :func:`~.calls.nccl_bytes` over the time, and that
+    times :func:`~.calls.busbw_factor`), ``wrongs`` and ``peaks``, and its time against
+    ``mpi``'s. ``bytes`` is each rank's block."""
     from mpi4py import MPI
     size = comm.Get_size()
-    dtype, op = cfg.dtype, cfg.op
+    collective = cfg.collective
+    dtype = cfg.dtype
+    op = cfg.op if CALLS[collective].reduces else "-"
     count = nbytes // dtype.itemsize
-    baseline = baseline_label(dtype, op)
+    baseline = baseline_label(dtype, cfg.op, collective)
+    whole, factor = nccl_bytes(collective, size, nbytes), busbw_factor(collective, size)
     records, times = [], {}
     for alg in cfg.algorithms:
         t = medians[alg]
         tmin = comm.allreduce(t, op=MPI.MIN)
         tmax = comm.allreduce(t, op=MPI.MAX)
         tavg = times[alg] = comm.allreduce(t, op=MPI.SUM) / size
-        algbw = nbytes / tavg / 1e9 if tavg > 0 else 0.0
+        algbw = whole / tavg / 1e9 if tavg > 0 else 0.0
         records.append({
             "algorithm": alg, "ranks": size, "bytes": nbytes, "count": count,
             "dtype": str(dtype), "op": op, "in_place": bool(in_place),
             "time_us_avg": tavg * 1e6, "time_us_min": tmin * 1e6,
             "time_us_max": tmax * 1e6, "algbw_gbps": algbw,
-            "busbw_gbps": algbw * 2 * (size - 1) / size,
+            "busbw_gbps": algbw * factor,
             "ratio_to_mpi": None, "wrong": wrongs[alg],
             "iters": per_round * rounds, "rounds": rounds, "device": device,
             "peak_rss_mib": round(peaks[alg], 1), "baseline": baseline,
             "options": ",".join(f"{k}={v}" for k, v in cfg.options.get(alg, {}).items()),
-            "ran": _auto_ran(comm, count, dtype, op) if alg == "auto" else None,
+            "ran": _auto_ran(comm, collective, count, dtype, cfg.op) if alg == "auto" else None,
+            "collective": collective,
         })
     base = times.get(BASELINE)
     for rec in records:
@@ -54,14 +62,18 @@ def _records(cfg, comm, device, nbytes, in_place, medians, wrongs, peaks, rounds
     return records
 
 
-def _auto_ran(comm, count, dtype, op):
+def _auto_ran(comm, collective, count, dtype, op):
     """What ``auto`` ran at this size (:func:`mlcomm.session.auto.auto_ran`), on host or device
-    buffers."""
+    buffers; the uneven forms but allgatherv and reduce_scatter_v agree on no shared
+    count (0, see :meth:`mlcomm.session.call.Call.shared_count`)."""
     from ..session.auto import auto_ran
     from ..session import session_of
     session = session_of(comm)
-    return (auto_ran(session, "allreduce", count, dtype, op)
-            or auto_ran(session, "allreduce", count, dtype, op, device=True))
+    if collective in ("gatherv", "scatterv", "alltoallv"):
+        count = 0
+    op = op if CALLS[collective].reduces else "sum"
+    return (auto_ran(session, collective, count, dtype, op)
+            or auto_ran(session, collective, count, dtype, op, device=True))
 
 
 def band_summary(records) -> list[dict]:

@@ -7,10 +7,11 @@ import io
 import json
 
 from ..units import format_size
+from .calls import CALLS
 from .records import EXTRA_KEYS, RECORD_KEYS, band_summary
 
 __all__ = ["format_table", "format_csv", "format_json", "format_summary", "render",
-           "format_kernels"]
+           "format_kernels", "bandwidths"]
 
 _COLUMNS = (  # header, width, record key, format
     ("size(B)", 11, "bytes", "d"),
@@ -40,9 +41,21 @@ def _cell(rec, key, fmt):
     return format(v, fmt)
 
 
+def _collective(records) -> str:
+    return (records[0].get("collective") if records else None) or "allreduce"
+
+
+def bandwidths(collective: str) -> str:
+    """How the table's algbw and busbw are computed for ``collective`` (nccl-tests')."""
+    spec = CALLS[collective]
+    size = "bytes" if spec.whole == 1 else "p*bytes"
+    return f"algbw = {size}/avg; busbw = algbw*{spec.factor}"
+
+
 def format_summary(records) -> str:
     """Return the per-size-band summary lines (``#``-prefixed)."""
-    lines = ["# summary: time ratio to mpi (<1 is faster than MPI_Allreduce), "
+    mpi = CALLS[_collective(records)].mpi
+    lines = [f"# summary: time ratio to mpi (<1 is faster than {mpi}), "
              "geometric mean over the band's sizes"]
     for s in band_summary(records):
         place = "in-place" if s["in_place"] else "out-of-place"
@@ -57,17 +70,20 @@ def format_table(records, *, header: str | None = None, summary: bool = True) ->
     out = []
     if records:
         r0 = records[0]
+        collective = _collective(records)
         checked = any(r["wrong"] is not None for r in records)
         out.append(header or (
-            f"# mlcomm bench: allreduce  ranks {r0['ranks']}  dtype {r0['dtype']}  op {r0['op']}  "
+            f"# mlcomm bench: {collective}  ranks {r0['ranks']}  dtype {r0['dtype']}  "
+            f"op {r0['op']}  "
             f"device {r0.get('device', 'cpu')}  check {'on' if checked else 'off'}"))
         if r0.get("baseline"):
             out.append(f"# baseline: mpi = {r0['baseline']}")
         given = {r["algorithm"]: r["options"] for r in records if r.get("options")}
         if given:
             out.append("# options: " + "; ".join(f"{a} {o}" for a, o in given.items()))
-        out.append("# time per call, per rank, reduced over ranks; algbw = bytes/avg; "
-                   "busbw = algbw*2(p-1)/p; ratio = avg / mpi avg")
+        each = "" if collective == "allreduce" else ", size = each rank's block"
+        out.append(f"# time per call, per rank, reduced over ranks; {bandwidths(collective)}; "
+                   f"ratio = avg / mpi avg{each}")
     name = max([_COLUMNS[3][1]] + [len(_cell(r, "algorithm", "s")) for r in records])
     columns = [(h, name if i == 3 else w, k, f) for i, (h, w, k, f) in enumerate(_COLUMNS)]
     out.append("#" + " ".join(f"{h:>{w}}" if i != 3 else f"{h:<{w}}"
