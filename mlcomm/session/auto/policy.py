@@ -72,8 +72,8 @@ def auto_choice(collective: str, p: int, nbytes: int, *, dtype=None, op=None,
     algorithms whose registry entry is weighed on the node layout), plus the loop's per-step
     and per-op overhead and its local copies, is evaluated with the calibrated profile
     (``mlcomm calibrate``; built-in defaults without one). The other collectives take the
-    node window's algorithm where it is weighed, else the flat one of least closed-form
-    cost (:func:`_other_choice`). ``MLCOMM_DEBUG=1``
+    algorithm of least closed-form cost, the node window's among them on one node
+    (:func:`_other_choice`). ``MLCOMM_DEBUG=1``
     logs the choice and every candidate's prediction.
     """
     if collective != "allreduce":
@@ -85,19 +85,20 @@ def auto_choice(collective: str, p: int, nbytes: int, *, dtype=None, op=None,
 
 
 def _other_choice(collective, p, nbytes, dtype, op, nodes, device) -> str:
-    """A collective other than all-reduce: the node window's where it is weighed, else the
-    flat algorithm of least closed-form cost for ``nbytes`` (the count the schedule takes,
-    in bytes: a rank's block) on the profile's alpha, beta and gamma (the first registered
-    of equals), else the library's own call."""
+    """A collective other than all-reduce: of the algorithms weighed on the layout (the node
+    window's among them on one node), the one of least closed-form cost for ``nbytes`` (the
+    count the schedule takes, in bytes: a rank's block) on the profile's alpha, beta and
+    gamma, the first registered of equals; the library's own call where none is weighed."""
     table = COLLECTIVES[collective]
     names = weighed(Layout(p, nodes), device, collective)
-    window = [name for name in names if table[name].context]
-    if window or not names:
-        return window[0] if window else MPI_NATIVE
+    if not names:
+        return MPI_NATIVE
     profile = load_profile()
     gamma = profile.gamma_for(dtype, op)
+    context = lambda name: {k: v for k, v in (("nodes", nodes),) if k in table[name].context}
     times = {name: table[name].cost(p, nbytes, profile.alpha, profile.beta, gamma,
-                                    **table[name].options) for name in names}
+                                    **dict(table[name].options, **context(name)))
+             for name in names}
     choice = min(names, key=lambda name: round(times[name], 15))
     _log_prediction(p, nbytes, choice, times, profile)
     return choice
