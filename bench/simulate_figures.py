@@ -33,6 +33,15 @@ HIERARCHICAL = ["-p", "8,16,...,4096", "-s", "8,16M", "--ranks-per-node", "8",
                 "--sim-limit", "5000000", "--sim-seconds", "60", "--no-progress"]
 
 
+#: the drawings of the other collectives' schedules (docs/collectives.rst)
+OTHERS = [("gather", "linear"), ("gather", "binomial"), ("scatter", "binomial"),
+          ("alltoall", "pairwise"), ("alltoall", "bruck"), ("alltoall", "scattered"),
+          ("allgather", "recursive_doubling"), ("allgather", "bruck"),
+          ("reduce_scatter", "recursive_halving"), ("reduce_scatter", "pairwise"),
+          ("bcast", "binomial"), ("bcast", "scatter_allgather"), ("bcast", "chain"),
+          ("reduce", "binomial"), ("reduce", "rabenseifner")]
+
+
 def _to_file(path, argv):
     """Run ``mlcomm ARGV`` with its standard output in ``path``."""
     from mlcomm.cli import main as mlcomm
@@ -54,6 +63,9 @@ def main():
                     "--output", str(FIGURES / f"{name}_p{p}.png")])
     mlcomm(["draw", "-a", "shared_memory", "-p", "4",
             "--output", str(FIGURES / "shared_memory_p4.png")])
+    for collective, name in OTHERS:  # every other collective's families, at p = 5
+        mlcomm(["draw", "--collective", collective, "-a", name, "-p", "5",
+                "--output", str(FIGURES / f"{collective}_{name}_p5.png")])
     for p, k in ((6, 3), (5, 2)):
         mlcomm(["draw", "-a", "hierarchical", "-p", str(p), "--ranks-per-node", str(k),
                 "--output", str(FIGURES / f"hierarchical_p{p}_k{k}.png")])
