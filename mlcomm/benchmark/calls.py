@@ -65,8 +65,8 @@ class BenchCall:
         """The public function's call, bound once; ``kw``: comm=, algorithm=, --option's."""
         from functools import partial
 
-        import mlcomm
-        return partial(getattr(mlcomm, self.name), *self.args(sb, rb, counts, op), **kw)
+        from .. import api
+        return partial(getattr(api, self.name), *self.args(sb, rb, counts, op), **kw)
 
     def blocks(self, which: int, p: int) -> int:
         """``send``/``recv``/``whole`` in blocks: -1 stands for p."""
