@@ -308,13 +308,15 @@ def alltoallv(sendbuf, sendcounts, recvbuf=None, recvcounts=None, *, comm=None,
 
 def _gathered_sizes(sendbuf, recvbuf, comm) -> tuple:
     """Every rank's element count of ``sendbuf`` (in place: its own block, which it cannot
-    know; an error), gathered."""
+    know; an error), gathered on the session's communicator in a watched wait."""
     if sendbuf is MPI.IN_PLACE:
         raise ValueError("allgatherv in place needs counts: the ranks' blocks of recvbuf")
-    comm = comm_of(comm)
+    session = session_of(comm_of(comm), "allgatherv")
+    session.wait_started()  # the calls started on the communicator go first
     mine = np.array([flat(sendbuf, "sendbuf").size], np.int64)
-    every = np.empty(comm.Get_size(), np.int64)
-    comm.Allgather(mine, every)
+    every = np.empty(session.size, np.int64)
+    session.watch.wait(lambda: session.comm.Iallgather(mine, every),
+                       "allgatherv's exchange of the ranks' counts")
     return tuple(every.tolist())
 
 
@@ -336,7 +338,8 @@ def _check_splits(sendcounts, recvcounts, comm) -> None:
 
 
 def _exchanged_counts(sendcounts, comm) -> tuple:
-    """The counts every rank sends this one, from each rank's ``sendcounts``."""
+    """The counts every rank sends this one, from each rank's ``sendcounts`` (a watched
+    wait on the session's communicator)."""
     comm = comm_of(comm)
     try:
         sends = np.array(sendcounts, np.int64).reshape(-1)
@@ -346,5 +349,8 @@ def _exchanged_counts(sendcounts, comm) -> tuple:
         raise ValueError(f"sendcounts has {sends.size} counts; give {comm.Get_size()}, one "
                          f"per rank")
     recvs = np.empty_like(sends)
-    comm.Alltoall(sends, recvs)
+    session = session_of(comm, "alltoallv")
+    session.wait_started()  # the calls started on the communicator go first
+    session.watch.wait(lambda: session.comm.Ialltoall(sends, recvs),
+                       "alltoallv's exchange of the ranks' counts")
     return tuple(recvs.tolist())
