@@ -3,6 +3,7 @@
     MLCOMM_PROFILE=/nonexistent mpiexec -n 2 python bench/first_call.py
     MLCOMM_PROFILE=/nonexistent mpiexec -n 4 python bench/first_call.py --repeats 5
     MLCOMM_PROFILE=/nonexistent mpiexec -n 4 python bench/first_call.py --in-place
+    MLCOMM_PROFILE=/nonexistent mpiexec -n 4 python bench/first_call.py -s 8,512,4K,32K,256K,2M,16M
 
 Per size (float32 sum), on a fresh duplicate of ``COMM_WORLD`` each repeat, whose session
 one call of a single element has set up (so ``auto`` meets the size anew, and the process
@@ -28,8 +29,8 @@ from mpi4py import MPI
 import mlcomm
 from mlcomm.session import session_of
 from mlcomm.session.auto import auto_ran
+from mlcomm.units import parse_size
 
-SIZES = (8, 64 << 10, 16 << 20)
 STEADY = 10
 FLOOR = 20e-3
 
@@ -60,13 +61,15 @@ def one(comm, nbytes: int, in_place: bool = False) -> tuple:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3, help="fresh communicators per size")
+    ap.add_argument("-s", "--sizes", default="8,64K,16M",
+                    help="bytes per rank, comma-separated (K, M suffixes; default 8,64K,16M)")
     ap.add_argument("--output", help="write the rows here as JSON")
     ap.add_argument("--in-place", action="store_true",
                     help="time mlcomm.allreduce(mlcomm.IN_PLACE, x), not mlcomm.allreduce(x)")
     args = ap.parse_args(argv)
     world = MPI.COMM_WORLD
     rows = []
-    for nbytes in SIZES:
+    for nbytes in [parse_size(s) for s in args.sizes.split(",")]:
         runs = []
         for _ in range(args.repeats):
             comm = world.Dup()

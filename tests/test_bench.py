@@ -657,11 +657,12 @@ def test_first_call_times_auto_on_new_sizes(tmp_path, in_place):
     budget (ten steady calls plus 20 ms), and what ``auto`` ran, in its table and record."""
     from mlcomm.algorithms import MPI_NATIVE
     out = tmp_path / "first.json"
+    # the default sizes out of place; in place, two sizes named with -s
     proc = mpirun(2, [ROOT / "bench" / "first_call.py", "--repeats", "1", "--output", out,
-                      *(["--in-place"] if in_place else [])], timeout=300,
+                      *(["--in-place", "-s", "8,4K"] if in_place else [])], timeout=300,
                   env={"MLCOMM_PROFILE": str(tmp_path / "none")})
     rows = json.loads(out.read_text())
-    assert [r["bytes"] for r in rows] == [8, 64 << 10, 16 << 20], rows
+    assert [r["bytes"] for r in rows] == ([8, 4096] if in_place else [8, 64 << 10, 16 << 20]), rows
     for r in rows:
         assert r["ranks"] == 2 and r["first_s"] > r["steady_s"] > 0, r
         assert r["budget_s"] == pytest.approx(10 * r["steady_s"] + 20e-3), r
