@@ -14,8 +14,10 @@ import numpy as np
 from mpi4py import MPI
 
 from .buffers.arrays import flat
+from .runtime.liveness import RankLost
 from .runtime.progress import Request
 from .session import Call, bind, session_of
+from .session import shrink as _shrink
 from .session.call import comm_of
 from .session.binder import VALIDATE, validating
 from .session.memo import CALLS, LAST, MISS
@@ -23,7 +25,7 @@ from .session.memo import CALLS, LAST, MISS
 __all__ = ["allreduce", "iallreduce", "istart", "allreduce_init", "init", "Persistent",
            "Request", "reduce_scatter", "allgather", "bcast", "reduce", "gather", "scatter",
            "alltoall", "allgatherv", "reduce_scatter_v", "gatherv", "scatterv", "alltoallv",
-           "IN_PLACE"]
+           "IN_PLACE", "RankLost", "shrink"]
 
 IN_PLACE = MPI.IN_PLACE
 
@@ -354,3 +356,12 @@ def _exchanged_counts(sendcounts, comm) -> tuple:
     session.watch.wait(lambda: session.comm.Ialltoall(sends, recvs),
                        "alltoallv's exchange of the ranks' counts")
     return tuple(recvs.tolist())
+
+
+def shrink(comm=None):
+    """The survivors' communicator after ``comm`` (default ``MPI.COMM_WORLD``) lost ranks
+    (:class:`RankLost`), on an MPI with fault tolerance (Open MPI run with ``mpiexec
+    --with-ft ulfm``): collective among the survivors; ``comm`` is revoked, and a call
+    that raised can be run again on the new one. Elsewhere it raises RuntimeError (a lost
+    rank ends the job there)."""
+    return _shrink(comm_of(comm))

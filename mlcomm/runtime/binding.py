@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import sys
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +26,7 @@ from .. import config, kernels
 from ..buffers.device import DeviceVector
 from .frame import (DONE, F_PC, FAULTED, MAX_TRANSPORTS, STALLED, Frame, compiled_supports,
                     op_code)
+from .liveness import CHECK_SECONDS, fault_tolerant, gone, lost
 from .loop import HostMemory, PythonLoop, compiled_loop
 from ..ir.program import INPUT, OUTPUT, SCRATCH, SLOTS
 from ..ir.schedule import TURN_BYTES
@@ -49,6 +51,9 @@ class Settings:
     sleep_after: float = 0.0
     #: use the compiled loop where it applies
     compiled: bool = True
+    #: each rank's process id where this rank can see it (its machine's), else 0: a wait
+    #: looks at them (:mod:`mlcomm.runtime.liveness`)
+    pids: tuple = ()
 
 
 #: a wait sleeps after SLEEP_AFTER_US where the node's ranks are at least SLEEP_RANKS_PER_CORE
@@ -71,7 +76,7 @@ def _polls(oversubscribed: bool) -> int:
     return config.polls_before_yield(2 if oversubscribed else 1024)
 
 
-def settings_from_env(rank: int, per_core: float) -> Settings:
+def settings_from_env(rank: int, per_core: float, pids: tuple = ()) -> Settings:
     """Settings from ``MLCOMM_STALL_SECONDS``, ``MLCOMM_STALL_ABORT``,
     ``MLCOMM_POLLS_BEFORE_YIELD``, ``MLCOMM_SLEEP_AFTER_US`` and ``MLCOMM_EXECUTOR``, for a
     node with ``per_core`` ranks per core: ranks that outnumber the cores yield the CPU
@@ -83,7 +88,7 @@ def settings_from_env(rank: int, per_core: float) -> Settings:
                     stall_abort=config.stall_abort(),
                     yield_mask=_polls(per_core > 1) - 1,
                     sleep_after=config.sleep_after_us(sleep_after) / 1e6,
-                    compiled=executor == "compiled")
+                    compiled=executor == "compiled", pids=tuple(pids))
 
 
 def _address(a) -> int:
@@ -134,7 +139,7 @@ class Binding:
 
     def __init__(self, comm, plan, inp, out, settings: Settings, scratch=None, moved=None,
                  window=None):
-        self.plan, self.settings = plan, settings
+        self.plan, self.settings, self.comm = plan, settings, comm
         program = plan.program
         device = isinstance(out, DeviceVector)
         if program.node_size:
@@ -217,6 +222,7 @@ class Binding:
                                                AREA_LOOP_BYTES)
         self.live = True
         self.busy = 0  # started non-blocking calls that will run this binding
+        self._set_stall(self.tick)
 
     def _compiled(self, inp, out, scratch, slots, slot_bytes):
         """``(frame, run)`` of the compiled loop for host arrays on window ``slots`` of
@@ -278,25 +284,46 @@ class Binding:
         if code != DONE:
             self.trouble(code)
 
+    @property
+    def tick(self) -> float:
+        """The seconds a wait of the loop lasts before it returns STALLED: the liveness
+        check's period, or the stall limit where that is shorter."""
+        stall = self.settings.stall_seconds
+        return min(stall, CHECK_SECONDS) if stall else CHECK_SECONDS
+
     def trouble(self, code):
-        """Handle a loop code other than DONE: report a stall and wait on, or end the job."""
-        what = self.plan.describe()
-        reported = False
+        """Handle a loop code other than DONE: a wait that lasts looks at its peers
+        (:meth:`check_peers`) every :attr:`tick` and is reported once past the stall
+        limit; a fault that is a lost rank is one (:func:`~.liveness.lost`); another ends
+        the job."""
+        what, stall = self.plan.describe(), self.settings.stall_seconds
+        began, reported = time.monotonic() - self.tick, False
         while code == STALLED:
-            if not reported:
-                self.report_stall(self.settings.stall_seconds)
+            self.check_peers()
+            if stall and not reported and time.monotonic() - began >= stall:
+                self.report_stall(stall)
                 reported = True
-                self._set_stall(0)
             code = self.loop()
-        if reported:
-            self._set_stall(self.settings.stall_seconds)
         if code == FAULTED:
             faulted = self.frame.faulted_transport if self.frame is not None else \
                 self._run().faulted_transport
+            transport = self.transports[faulted]
+            if fault_tolerant() and (transport.failed() or self.comm.Is_revoked()):
+                self.live = False  # its requests are dead; the session is revoked
+                lost(self.comm, gone(self.settings.pids), what, self.settings.rank)
+            self.check_peers()  # a peer's death can surface as a transfer's error
             abort_job(f"mlcomm: {what} on rank {self.settings.rank}: "
-                      f"{self.transports[faulted].fault()}. "
+                      f"{transport.fault()}. "
                       f"If the ranks called it with different counts, dtypes or algorithms, "
                       f"validate=True (or MLCOMM_VALIDATE=1) compares the calls across ranks")
+
+    def check_peers(self):
+        """End the job, or raise :class:`~.liveness.RankLost`, where a peer's process is
+        gone or (fault-tolerant MPI) mlcomm's communicator was revoked."""
+        dead = gone(self.settings.pids)
+        if dead or fault_tolerant() and self.comm.Is_revoked():
+            self.live = False
+            lost(self.comm, dead, self.plan.describe(), self.settings.rank, self.settings.pids)
 
     def report_stall(self, seconds):
         """Say once that the run has waited ``seconds`` (naming the ranks its wait is for,

@@ -37,6 +37,7 @@ from mpi4py import MPI
 
 from .binding import Settings
 from .frame import MESSAGE_SLEEP_FACTOR
+from .liveness import CHECK_SECONDS, fault_tolerant, gone, is_failure, lost
 from .loop import rest
 from ..transport.mpi.abort import abort_job
 
@@ -156,12 +157,16 @@ class Watch:
     ranks in it, or a call that returns ``(roll, ranks)`` once they can be used and
     ``(None, None)`` until then; None: no roll call (a stall is reported without names).
     ``rank`` is this rank in the communicator; ``names`` what a report calls each of its
-    ranks (the session's ranks of a node's communicator), by default their ranks in it."""
+    ranks (the session's ranks of a node's communicator), by default their ranks in it.
+    ``session``: the session's communicator, which a lost rank (a peer's process gone, in
+    the settings' ``pids``, or the library's failure error) revokes on a fault-tolerant
+    MPI (:func:`~.liveness.lost`); None before a session exists."""
 
-    def __init__(self, settings: Settings, rank: int, roll=None, ranks=None, names=None):
+    def __init__(self, settings: Settings, rank: int, roll=None, ranks=None, names=None,
+                 session=None):
         self.settings, self.rank = settings, rank
         self._where = roll if callable(roll) else (lambda: (roll, ranks))
-        self.names = names
+        self.names, self.session = names, session
 
     def wait(self, start, what: str, roll: bool = True, check=None, sleep: bool = False):
         """Run the non-blocking collective ``start()`` returns (a request, or a list of
@@ -197,8 +202,8 @@ class Watch:
     def _poll(self, requests, calls, join, what, check=None, sleep_after=0.0):
         settings = self.settings
         polls, spins, since, reported = settings.yield_mask + 1, 0, time.monotonic(), False
-        limit = settings.stall_seconds
-        while not MPI.Request.Testall(requests):
+        limit, looked = settings.stall_seconds, since
+        while not self._done(requests, what):
             spins += 1
             if spins % polls == 0 or spins > 64:
                 now = time.monotonic()
@@ -207,8 +212,29 @@ class Watch:
                     calls[0] = join()
                 if check is not None:
                     check()
+                if now - looked > CHECK_SECONDS:
+                    looked = now
+                    self._look(what)
                 if not reported and limit and now - since > limit:
                     reported = self._stalled(calls[0], what)
+
+    def _done(self, requests, what) -> bool:
+        """Whether ``requests`` are complete; a process-failure error is a lost rank."""
+        try:
+            return MPI.Request.Testall(requests)
+        except MPI.Exception as exc:
+            if self.session is None or not is_failure(exc.Get_error_code()):
+                raise
+            lost(self.session, gone(self.settings.pids), what, self.settings.rank,
+                 self.settings.pids)
+            raise
+
+    def _look(self, what):
+        """A lost peer (:mod:`~.liveness`) ends the wait."""
+        dead = gone(self.settings.pids)
+        revoked = self.session is not None and fault_tolerant() and self.session.Is_revoked()
+        if dead or revoked:
+            lost(self.session, dead, what, self.settings.rank, self.settings.pids)
 
     def _stalled(self, call, what) -> bool:
         """Report the stall once (and end the job under MLCOMM_STALL_ABORT=1): the leader

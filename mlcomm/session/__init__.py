@@ -15,8 +15,8 @@ from .binder import bind
 from .bound import BoundCall
 from .cache import CACHE_BYTES, cache_bytes, cached_bytes, describe_held, held
 from .call import Call
-from .lifetime import session_of
+from .lifetime import session_of, shrink
 from .state import Session
 
-__all__ = ["Call", "bind", "BoundCall", "Session", "session_of", "CACHE_BYTES", "cache_bytes",
+__all__ = ["Call", "bind", "BoundCall", "Session", "session_of", "shrink", "CACHE_BYTES", "cache_bytes",
            "cached_bytes", "held", "describe_held"]

@@ -27,6 +27,7 @@ from .. import config, kernels
 from ..algorithms import AUTO, MPI_NATIVE
 from ..buffers import device, gpu, staging, tensors
 from ..buffers.device import DeviceVector
+from ..runtime.liveness import RankLost
 from ..transport.native import native_call
 from . import cache, memo
 from .auto import agreed_choice, plan_call
@@ -51,6 +52,8 @@ def bind(call, own=False) -> BoundCall:
     """``call`` bound (see the module docstring); ``own``: a binding outside the cache, for
     a persistent handle."""
     session = session_of(call.comm, call.collective)
+    if session.lost is not None:
+        raise RankLost(session.lost, f"{call.collective} on a communicator that lost them")
     if call.on_device:
         return _device(session, call)
     return _host(session, call, own)

@@ -33,6 +33,7 @@ from mpi4py import MPI
 from .. import config
 from ..algorithms import check_known
 from ..runtime.binding import settings_from_env
+from ..runtime.liveness import fault_tolerant, revoke, visible
 from ..runtime.watch import Watch, free_world, world_roll
 from ..transport.mpi import TAG
 from ..transport.mpi.abort import abort_job
@@ -116,14 +117,19 @@ def _open(comm, what) -> Session:
     dup.Set_errhandler(MPI.ERRORS_RETURN)
     rank = dup.Get_rank()
     real = dup.Split_type(MPI.COMM_TYPE_SHARED)
-    local, leader = real.Get_size(), real.allreduce(rank, op=MPI.MIN)
-    cores = set().union(*real.allgather(_cpus()))  # the cores the node's ranks may use
+    machine = real.allgather((rank, os.getpid(), _cpus()))
     real.Free()
+    local, leader = len(machine), min(r for r, _, _ in machine)
+    cores = set().union(*(c for _, _, c in machine))  # the cores the node's ranks may use
+    # the pids a wait looks at (mlcomm.runtime.liveness): this machine's that it can see
+    pids = [0] * dup.Get_size()
+    for r, pid, _ in machine:
+        pids[r] = pid if visible(pid) else 0
     default_algorithm, nodes, slot_bytes = _agreed_env(dup, leader)
     node = next(n for n in nodes if rank in n)
     node_comm = dup.Split(nodes.index(node), rank)
     return Session(dup, nodes, node_comm, default_algorithm, slot_bytes,
-                   settings_from_env(rank, local / len(cores)))
+                   settings_from_env(rank, local / len(cores), pids))
 
 
 def _delete(comm, keyval, session):
@@ -148,6 +154,25 @@ def session_of(comm, what="mlcomm") -> Session:
     return session
 
 
+def shrink(comm):
+    """The survivors' communicator after ``comm`` lost ranks (collective among them, on a
+    fault-tolerant MPI): ``comm`` revoked and shrunk (``MPI_Comm_shrink``), its session
+    freed on this rank alone; the new communicator's session is set up on its first call
+    (node layout, window, ``auto``'s choices). ``comm``'s class is kept (an
+    :class:`mlcomm.Comm` stays one)."""
+    if not fault_tolerant():
+        raise RuntimeError("mlcomm.shrink needs an MPI with fault tolerance (Open MPI run "
+                           "with mpiexec --with-ft ulfm); here a lost rank ends the job: "
+                           "resubmit it, as mlcomm train --resume does, on the survivors")
+    session = comm.Get_attr(_KEYVAL)
+    if session is not None:
+        revoke(session.comm)  # the survivors' other calls on it end at once
+        session.free()
+    if not comm.Is_revoked():
+        comm.Revoke()
+    return type(comm)(comm.Shrink()) if type(comm) is not MPI.Intracomm else comm.Shrink()
+
+
 #: seconds a rank whose script ended with an unhandled exception waits for the other ranks
 #: to end before it ends the job (see the module docstring)
 FAILED_GRACE = 2.0
@@ -164,7 +189,9 @@ def _free_all():
     _ended = True
     failed, since = _unhandled(), time.monotonic()
     for session in sorted(cache.LIVE, key=lambda s: s.created):
-        if not session.freed:
+        if session.lost is not None:  # revoked: nothing to wait for on it
+            session.free()
+        elif not session.freed:
             _end(session, failed, since)
     free_world()
 

@@ -32,6 +32,7 @@ from mpi4py import MPI
 
 from .. import config
 from ..runtime.binding import Binding
+from ..runtime.liveness import lost_ranks
 from ..runtime.plan import layout_key, make_plan, plan_key
 from ..runtime.progress import Progress
 from ..runtime.watch import Watch
@@ -65,7 +66,7 @@ class Session:
         self._window = None
         self.settings = settings
         #: mlcomm's own waits on this communicator (roll calls on its duplicate)
-        self.watch = Watch(settings, self.rank, comm, list(range(self.size)))
+        self.watch = Watch(settings, self.rank, comm, list(range(self.size)), session=comm)
         self.plans: OrderedDict = OrderedDict()
         self.layouts: OrderedDict = OrderedDict()  # layout_key -> a plan with that layout
         #: plan key -> its host bindings' scratch (:mod:`.cache`)
@@ -148,7 +149,7 @@ class Session:
         if self._window is None:
             from ..transport.window import NodeWindow
             node = Watch(self.settings, self.node.index(self.rank), self.node_comm,
-                         list(range(len(self.node))), names=self.node)
+                         list(range(len(self.node))), names=self.node, session=self.comm)
             node.barrier(self.node_comm, "mlcomm's set-up of the node's shared window")
             self._window = NodeWindow(self.node_comm, self.slot_bytes)
         return self._window
@@ -239,6 +240,12 @@ class Session:
         for handle in list(self.handles):
             handle.release()
 
+    @property
+    def lost(self):
+        """The ranks this session's communicator lost (fault-tolerant MPI), else None: it is
+        revoked, and its session is then freed on this rank alone."""
+        return lost_ranks(self.comm)
+
     def free(self):
         if self.freed:
             return
@@ -246,7 +253,7 @@ class Session:
         self.plans.clear()
         self.layouts.clear()
         self.freed = True
-        if not MPI.Is_finalized():
+        if not MPI.Is_finalized() and self.lost is None:  # a revoked one frees nothing
             if self._window is not None:
                 self._window.free()
             self.node_comm.Free()

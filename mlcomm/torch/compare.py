@@ -83,6 +83,7 @@ class Comparison:
             start, reported = time.monotonic(), False
             code = loop()
             while code == STALLED:
+                binding.check_peers()
                 waited = time.monotonic() - start
                 if waited >= timeout:
                     self._broken = (f"Timed out after {timeout:g} s in the mlcomm group's "

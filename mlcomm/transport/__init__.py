@@ -86,6 +86,11 @@ class Transport:
         """What went wrong in the last call that returned :data:`FAULT`."""
         raise NotImplementedError
 
+    def failed(self) -> bool:
+        """Whether that fault is the MPI library's process-failure or revocation error
+        (a fault-tolerant MPI's; :mod:`mlcomm.runtime.liveness`)."""
+        return False
+
     def free(self) -> None:
         """Release the transport's handles; it is not used again."""
 

@@ -16,7 +16,7 @@ from numba import carray
 
 from ..cabi import ccall2, ccall3, ccall4, i64_array_at
 from .. import FAULT, Transport, compile_calls
-from .names import describe_error
+from .names import describe_error, is_failure
 
 __all__ = ["PointToPoint", "bind", "TAG"]
 
@@ -151,6 +151,16 @@ class PointToPoint(Transport):
                                                 self._slice(first, n))
                        if not req.Get_status()})
 
+    def failed(self) -> bool:
+        raw = self._fault is None
+        kind, index, value = (tuple(int(v) for v in self._ctx[[_FAULT, _FAULT_INDEX,
+                                                               _FAULT_VALUE]])
+                              if raw else self._fault)
+        if kind != _MPI_ERROR:
+            return False
+        return is_failure(value) or value == MPI.ERR_IN_STATUS and any(
+            is_failure(err) for _, err in self._errors(index, raw))
+
     def fault(self) -> str:
         raw = self._fault is None  # the compiled calls left it in the context
         kind, index, value = (tuple(int(v) for v in self._ctx[[_FAULT, _FAULT_INDEX,
@@ -164,6 +174,17 @@ class PointToPoint(Transport):
         if value != MPI.ERR_IN_STATUS:
             return f"MPI error: {describe_error(value)}"
         found = []
+        for i, err in self._errors(index, raw):
+            t = self.transfers[index + i]
+            found.append(f"a message from rank {t.peer} is longer than the {t.nbytes} "
+                         f"bytes the schedule expects"
+                         if MPI.Get_error_class(err) == MPI.ERR_TRUNCATE
+                         else f"transfer with rank {t.peer}: {describe_error(err)}")
+        return "; ".join(found) or f"MPI error: {describe_error(value)}"
+
+    def _errors(self, index, raw):
+        """``(i, error)`` of each transfer from ``index`` whose status holds an error (the
+        compiled calls left the statuses in their words where ``raw``)."""
         for i, status in enumerate(self.statuses[:len(self.transfers) - index]):
             if raw:
                 size = MPI._sizeof(MPI.Status)
@@ -171,12 +192,7 @@ class PointToPoint(Transport):
                                size)
             err = status.Get_error()
             if err not in (MPI.SUCCESS, MPI.ERR_PENDING):
-                t = self.transfers[index + i]
-                found.append(f"a message from rank {t.peer} is longer than the {t.nbytes} "
-                             f"bytes the schedule expects"
-                             if MPI.Get_error_class(err) == MPI.ERR_TRUNCATE
-                             else f"transfer with rank {t.peer}: {describe_error(err)}")
-        return "; ".join(found) or f"MPI error: {describe_error(value)}"
+                yield i, err
 
     def free(self):
         if not MPI.Is_finalized():

@@ -6,7 +6,7 @@ from mpi4py import MPI
 
 from ...kernels import OP_TABLE, OPS, normalize_op
 
-__all__ = ["op_name", "describe_error"]
+__all__ = ["op_name", "describe_error", "is_failure"]
 
 _MPI_OPS = {name: getattr(MPI, op.mpi) for name, op in OP_TABLE.items()}
 
@@ -32,3 +32,19 @@ def describe_error(code: int) -> str:
         return MPI.Get_error_string(code)
     except MPI.Exception:
         return f"MPI error {code}"
+
+
+def _failure_classes() -> set:
+    return {getattr(MPI, name) for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING",
+                                            "ERR_REVOKED") if hasattr(MPI, name)}
+
+
+def is_failure(code) -> bool:
+    """Whether MPI error ``code`` says a process failed or the communicator was revoked (a
+    fault-tolerant MPI's errors)."""
+    if code is None or code == MPI.SUCCESS:
+        return False
+    try:
+        return MPI.Get_error_class(int(code)) in _failure_classes()
+    except MPI.Exception:
+        return False

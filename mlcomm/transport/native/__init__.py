@@ -310,6 +310,10 @@ class LibraryCollectives(Transport):
         """None: the library does not say which ranks its collective waits for."""
         return None
 
+    def failed(self) -> bool:
+        from ..mpi.names import is_failure
+        return is_failure(self._fault if self._fault is not None else int(self._ctx[_ERROR]))
+
     def fault(self) -> str:
         from ..mpi.names import describe_error
         code = self._fault if self._fault is not None else int(self._ctx[_ERROR])
