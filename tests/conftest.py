@@ -35,18 +35,18 @@ def _launcher_flags(mpiexec) -> tuple:
 
 
 def mpirun(nprocs, args, *, timeout=300, env=None, check=True, cwd=None,
-           python=sys.executable, hosts=None):
+           python=sys.executable, hosts=None, flags=()):
     """Run ``mpiexec -n nprocs python args...``; return the CompletedProcess.
 
     ``python`` picks the environment, and with it the MPI (the ``mpiexec`` beside it). A
     job that hangs is killed after ``timeout`` seconds and fails the test. ``hosts``
     (Hydra's ``a:2,b:3``) runs the ranks as on those hosts, each a node, through
-    ``tests/fake_ssh.sh`` on this machine.
+    ``tests/fake_ssh.sh`` on this machine. ``flags``: the launcher's own, before ``-n``.
     """
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     spread = () if hosts is None else ("-hosts", hosts, "-launcher", "ssh",
                                        "-launcher-exec", str(ROOT / "tests" / "fake_ssh.sh"))
-    cmd = [*launcher(python), *spread, "-n", str(nprocs), python, *map(str, args)]
+    cmd = [*launcher(python), *spread, *flags, "-n", str(nprocs), python, *map(str, args)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               env=full_env, cwd=cwd or ROOT)

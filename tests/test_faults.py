@@ -413,8 +413,8 @@ def test_a_window_that_cannot_be_allocated_says_what_to_do(tmp_path):
 @pytest.mark.parametrize("count", [1000, 100_000])  # through the window; by single copies
 def test_a_rank_killed_in_a_window_collective_ends_the_job(tmp_path, name, count):
     """The others spin on window flags, sending no MPI message, or read a dead peer's
-    memory: the launcher still ends them. The first call completes everywhere; what ends
-    the job is rank 1's SIGKILL, not an error of mlcomm's."""
+    memory: the launcher ends them (where it does not, mlcomm does: tests/test_lost_rank.py).
+    The first call completes everywhere; what ends the job is rank 1's SIGKILL."""
     proc, secs = _job(tmp_path, 3, f"""
         import signal
         x = np.ones({count})
@@ -433,7 +433,7 @@ def test_a_rank_killed_in_a_window_collective_ends_the_job(tmp_path, name, count
     assert proc.returncode != 0 and "returned" not in proc.stdout, out
     # MPICH and Intel MPI: "EXIT STRING: Killed (signal 9)"; Open MPI: "exited on signal 9"
     assert "signal 9" in out, out
-    assert "Traceback" not in out and "mlcomm:" not in out, out
+    assert "Traceback" not in out, out
     assert secs < 30
 
 

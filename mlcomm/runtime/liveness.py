@@ -18,13 +18,15 @@ communicator of the survivors.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 
 from mpi4py import MPI
 
 from ..transport.mpi.abort import abort_job
 from ..transport.mpi.names import is_failure
 
-__all__ = ["RankLost", "CHECK_SECONDS", "fault_tolerant", "gone", "lost", "lost_ranks", "revoke",
+__all__ = ["RankLost", "CHECK_SECONDS", "fault_tolerant", "gone", "lost", "lost_ranks", "revoke", "keep_failure_notice",
            "is_failure"]
 
 #: seconds between the looks of a wait at its peers (a loss is found within about this)
@@ -49,6 +51,17 @@ def fault_tolerant() -> bool:
     fault tolerance enabled (``mpiexec --with-ft ulfm`` sets ``OMPI_MCA_mpi_ft_enable``)."""
     return MPI.get_vendor()[0] == "Open MPI" and \
         os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes", "on")
+
+
+def keep_failure_notice() -> None:
+    """Hydra's ``mpiexec -disable-auto-cleanup`` (MPICH, Intel MPI) tells the survivors of
+    a lost process with SIGUSR1, whose default action ends a process at once, silently:
+    where the signal still has that action, it is ignored, and a wait's look at its peers
+    names the loss instead. (Only the main thread can set it.)"""
+    if MPI.get_vendor()[0] in ("MPICH", "Intel MPI") and \
+            threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 def visible(pid: int) -> bool:

