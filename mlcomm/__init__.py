@@ -35,4 +35,7 @@ def __getattr__(name):
     if name == "train":
         from .trainer import train
         return train
+    if name == "elastic":
+        import importlib
+        return importlib.import_module(".elastic", __name__)
     raise AttributeError(f"module 'mlcomm' has no attribute {name!r}")
