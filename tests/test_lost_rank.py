@@ -28,21 +28,37 @@ import mlcomm
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
 name, count = sys.argv[1], int(sys.argv[2])
+how = sys.argv[3] if len(sys.argv) > 3 else "blocking"
 x = np.full(count, rank + 1.0)
-y = mlcomm.allreduce(x, algorithm=name)
+
+
+def call(comm):
+    if how == "nonblocking":
+        return mlcomm.iallreduce(x, algorithm=name, comm=comm).wait()
+    if how == "persistent":
+        if MPI._handleof(comm) not in handles:
+            handles[MPI._handleof(comm)] = mlcomm.allreduce_init(x, algorithm=name, comm=comm)
+        handle = handles[MPI._handleof(comm)]
+        return handle()
+    return mlcomm.allreduce(x, algorithm=name, comm=comm)
+
+
+handles = {}
+y = call(comm)
 comm.Barrier()
-if rank == 1:
+victims = [int(r) for r in os.environ.get("VICTIMS", "1").split(",")]
+if rank in victims:
     time.sleep(0.2)
     os.kill(os.getpid(), signal.SIGKILL)
 began = time.monotonic()
 try:
-    mlcomm.allreduce(x, algorithm=name)
+    call(comm)
     print("returned", rank, flush=True)
 except mlcomm.RankLost as lost:
     found = time.monotonic()
     new = mlcomm.shrink(comm)
-    z = mlcomm.allreduce(x, algorithm=name, comm=new)
-    want = sum(r + 1.0 for r in range(size) if r != 1)
+    z = call(new)
+    want = sum(r + 1.0 for r in range(size) if r not in victims)
     print(f"rank {rank} lost {lost.ranks} in {found - began:.2f} s; {new.size} ranks go on, "
           f"exact {bool((z == want).all())}, recovered in {time.monotonic() - found:.2f} s",
           flush=True)
@@ -94,11 +110,16 @@ def openmpi(dist):
     return site_mpi_venv("openmpi", dist[0])
 
 
-@pytest.mark.parametrize("name", ["shared_memory", "hierarchical", "ring", LIBRARY])
-def test_survivors_under_ulfm_raise_shrink_and_go_on(tmp_path, openmpi, name):
+@pytest.mark.parametrize("name, how", [
+    pytest.param(name, how, id=f"{'library' if name == 'mpi' else name}-{how}")
+    for name, how in [*((n, "blocking") for n in ("shared_memory", "hierarchical", "ring",
+                                                  "mpi")),
+                      ("ring", "nonblocking"), ("shared_memory", "nonblocking"),
+                      ("ring", "persistent"), ("shared_memory", "persistent")]])
+def test_survivors_under_ulfm_raise_shrink_and_go_on(tmp_path, openmpi, name, how):
     script = tmp_path / "killed.py"
     script.write_text(KILLED)
-    proc = mpirun(3, [script, name, 1000], python=openmpi, check=False, timeout=90,
+    proc = mpirun(3, [script, name, 1000, how], python=openmpi, check=False, timeout=90,
                   flags=("--with-ft", "ulfm", "--mca", "btl", "tcp,self"),
                   env={"MLCOMM_RANKS_PER_NODE": PER_NODE.get(name, "3")}, cwd=tmp_path)
     out = proc.stdout + proc.stderr
@@ -154,3 +175,15 @@ def test_an_elastic_loop_loses_a_rank_and_ends_exact(tmp_path, openmpi):
     for rank in (0, 1, 3):
         assert f"rank {rank}: 3 ranks, params " in out, out
     assert out.count("exact True, resets [[2]]") == 3, out
+
+
+def test_two_ranks_lost_in_one_step_under_ulfm(tmp_path, openmpi):
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED)
+    proc = mpirun(5, [script, "ring", 1000], python=openmpi, check=False, timeout=90,
+                  flags=("--with-ft", "ulfm", "--mca", "btl", "tcp,self"),
+                  env={"VICTIMS": "1,3"}, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    for rank in (0, 2, 4):
+        assert f"rank {rank} lost [1, 3] in " in out, out
+    assert out.count("3 ranks go on, exact True") == 3, out
