@@ -26,7 +26,7 @@ from mpi4py import MPI
 from ..transport.mpi.abort import abort_job
 from ..transport.mpi.names import is_failure
 
-__all__ = ["RankLost", "CHECK_SECONDS", "fault_tolerant", "gone", "lost", "lost_ranks", "revoke", "keep_failure_notice",
+__all__ = ["RankLost", "CHECK_SECONDS", "fault_tolerant", "gone", "lost", "lost_ranks", "revoke", "keep_failure_notice", "revoke_along", "forget",
            "is_failure"]
 
 #: seconds between the looks of a wait at its peers (a loss is found within about this)
@@ -109,8 +109,28 @@ def revoke(comm) -> list:
     shrinking it with the other survivors (:func:`survey`)."""
     key = MPI._handleof(comm)
     if key not in _LOST:
+        along = _ALONG.pop(key, None)
+        if along is not None and not along.Is_revoked():
+            along.Revoke()  # a survivor in a plain MPI call on it is woken too
         _LOST[key] = survey(comm)
     return _LOST[key]
+
+
+#: mlcomm's communicators (by handle) -> the caller's, revoked with them
+_ALONG: dict = {}
+
+
+def revoke_along(comm, caller) -> None:
+    """Revoke ``caller`` (the communicator mlcomm's ``comm`` duplicates) when ``comm`` is,
+    on a fault-tolerant MPI: a survivor waiting in a plain MPI call on it then gets the
+    library's error instead of waiting for ever."""
+    if fault_tolerant():
+        _ALONG[MPI._handleof(comm)] = caller
+
+
+def forget(comm) -> None:
+    """``comm`` is freed: nothing to revoke with it."""
+    _ALONG.pop(MPI._handleof(comm), None)
 
 
 #: mlcomm's revoked communicators (by handle) -> the ranks they lost

@@ -33,7 +33,8 @@ from mpi4py import MPI
 from .. import config
 from ..algorithms import check_known
 from ..runtime.binding import settings_from_env
-from ..runtime.liveness import fault_tolerant, keep_failure_notice, revoke, visible
+from ..runtime.liveness import fault_tolerant, keep_failure_notice, revoke, revoke_along, \
+    visible
 from ..runtime.watch import Watch, free_world, world_roll
 from ..transport.mpi import TAG
 from ..transport.mpi.abort import abort_job
@@ -116,6 +117,7 @@ def _open(comm, what) -> Session:
     dup = _duplicate(comm, what)
     dup.Set_errhandler(MPI.ERRORS_RETURN)
     keep_failure_notice()
+    revoke_along(dup, comm)
     rank = dup.Get_rank()
     real = dup.Split_type(MPI.COMM_TYPE_SHARED)
     machine = real.allgather((rank, os.getpid(), _cpus()))

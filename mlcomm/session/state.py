@@ -32,7 +32,7 @@ from mpi4py import MPI
 
 from .. import config
 from ..runtime.binding import Binding
-from ..runtime.liveness import lost_ranks
+from ..runtime.liveness import forget, lost_ranks
 from ..runtime.plan import layout_key, make_plan, plan_key
 from ..runtime.progress import Progress
 from ..runtime.watch import Watch

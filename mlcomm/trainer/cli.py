@@ -80,6 +80,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="N",
                    help="also checkpoint every N steps (async: N updates); "
                         "always at exit and on SIGTERM")
+    g.add_argument("--elastic", action="store_true",
+                   help="after a lost rank, go on on the survivors from the last checkpoint "
+                        "(an MPI with fault tolerance: Open MPI's mpiexec --with-ft ulfm; "
+                        "checkpoints every step unless --checkpoint-every says otherwise)")
     g.add_argument("--resume", action="store_true",
                    help="continue from --checkpoint if it exists (on another P it says what "
                         "changes)")

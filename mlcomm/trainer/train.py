@@ -6,6 +6,7 @@ import dataclasses
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -70,6 +71,8 @@ class TrainConfig:
     checkpoint: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
+    elastic: bool = False              # go on on the survivors of a lost rank (ULFM)
+    global_batch: int | None = None    # default batch_size x workers; --elastic keeps it
     progress: bool = True
 
     @property
@@ -162,6 +165,11 @@ def validate(cfg: TrainConfig, size: int) -> TrainConfig:
         raise ValueError(f"--dtype: choose float32 or float64, not {cfg.dtype!r}")
     if cfg.resume and not cfg.checkpoint:
         raise ValueError("--resume needs --checkpoint PATH")
+    if cfg.elastic and not cfg.checkpoint:
+        raise ValueError("--elastic needs --checkpoint PATH (the survivors go on from it)")
+    if cfg.elastic and (cfg.sync != "bsp" or cfg.framework != "numpy"):
+        raise ValueError("--elastic runs --sync bsp --framework numpy; drop --elastic, or "
+                         "use those")
     if cfg.data not in ("digits", "synthetic"):
         raise ValueError(f"--data: unknown data set {cfg.data!r} (choose digits or synthetic)")
     if cfg.params is not None and cfg.data != "synthetic":
@@ -229,7 +237,7 @@ class _Context:
                        weight_decay=cfg.weight_decay)
         self.compressor = get_compressor(cfg.compress, seed=cfg.seed * 100003 + self.rank)
         self.workers = self.size - cfg.servers if cfg.sync == "async" else self.size
-        self.global_batch = cfg.batch_size * self.workers
+        self.global_batch = cfg.global_batch or cfg.batch_size * self.workers
         self.straggler = _parse_straggler(cfg.straggler, self.size)
         self.wire = Wire(comm)
         self.timeline = TrainTimeline(self.rank) if cfg.timeline else None
@@ -299,10 +307,42 @@ def train(config: TrainConfig | None = None, *, comm=None, **options) -> TrainRe
     base = MPI.COMM_WORLD if comm is None else comm
     cfg = validate(cfg, base.Get_size())
     comm = base.Dup()
+    if cfg.elastic:
+        return _elastic(cfg, comm)
     try:
         return _train(cfg, comm)
     finally:
         comm.Free()
+
+
+def _elastic(cfg, comm):
+    """:func:`_train` on ``comm``, checkpointing every ``--checkpoint-every`` steps (every
+    step by default); after a lost rank (:class:`mlcomm.RankLost`, an MPI with fault
+    tolerance) the survivors shrink ``comm`` and go on from the last checkpoint with the
+    same global batch, re-sharded. Each loss is logged on the survivors' rank 0 and kept
+    in the metrics' ``losses``: the lost ranks, the step the survivors went on from, the
+    seconds from the exception to their first step."""
+    from ..api import RankLost, shrink
+    from ..transport.mpi.names import is_failure
+    cfg = dataclasses.replace(cfg, checkpoint_every=cfg.checkpoint_every or 1)
+    losses = []
+    while True:
+        try:
+            result = _train(cfg, comm, losses)
+            comm.Free()
+            return result
+        except (RankLost, MPI.Exception) as exc:
+            if isinstance(exc, MPI.Exception) and not is_failure(exc.Get_error_code()):
+                raise  # not a lost rank (a plain MPI call's on the revoked communicator is)
+            began, old = time.monotonic(), comm
+            comm = shrink(comm)
+            kept = MPI.Group.Translate_ranks(comm.Get_group(), list(range(comm.Get_size())),
+                                             old.Get_group())
+            lost = sorted(set(range(old.Get_size())) - set(kept))
+            losses.append({"ranks": lost, "collective": getattr(exc, "collective", str(exc)),
+                           "began": began})
+            cfg = dataclasses.replace(cfg, resume=True, global_batch=cfg.global_batch or
+                                      cfg.batch_size * old.Get_size())
 
 
 def _totals(rows):
@@ -334,10 +374,12 @@ def _exchange_spans(ctx, mode, start, end):
     ctx.computed_span = None
 
 
-def _train(cfg, comm):
+def _train(cfg, comm, losses=None):
     ctx = _Context(cfg, comm)
     mode = _mode(ctx)
     start = resume.load(ctx, mode) if cfg.resume else 0
+    if losses and "from_step" not in losses[-1]:
+        _recovered(losses[-1], start, ctx.rank, ctx.size)
     t = mode.resume_at(start)
     ctx.checkpoint = lambda step: resume.save(ctx, mode, step)
 
@@ -418,12 +460,24 @@ def _train(cfg, comm):
         if cfg.metrics:
             write_metrics(cfg.metrics, rows, {**resume.describe(ctx, step),
                                               "config": _jsonable(cfg), "stopped": stopped,
-                                              "wall_s": wall, "start": start, **_totals(rows)})
+                                              "wall_s": wall, "start": start, **_totals(rows),
+                                              "losses": losses or []})
     acc, rows = comm.bcast((acc, rows), root=mode.logger_rank)
     return TrainResult(params=ctx.params, step=step, test_accuracy=acc, metrics=rows,
                        stopped=stopped, bytes_sent=ctx.wire.total,
                        bytes_moved=dict(zip(PATHS, ctx.wire.totals().tolist())), wall_s=wall,
                        computed=computed, config=cfg)
+
+
+def _recovered(loss, start, rank, size):
+    """Note in ``loss`` (and on rank 0's stderr) the step the survivors go on from and the
+    seconds the recovery took."""
+    loss.update(from_step=int(start), ranks_left=size,
+                recovery_s=round(time.monotonic() - loss.pop("began"), 3))
+    if rank == 0:
+        print(f"mlcomm train: lost ranks {loss['ranks']} in {loss['collective']}; "
+              f"{size} ranks go on from step {start} (the last checkpoint), recovered in "
+              f"{loss['recovery_s']:.2f} s", file=sys.stderr, flush=True)
 
 
 def _mode_label(cfg):

@@ -8,6 +8,8 @@ Usage: ``python tests/faults/inject.py FAULT=VALUE ... -- (-m MODULE | SCRIPT) A
 ``train-crash-at=N``
     the trainer's rank 0 aborts the job at step N (an asynchronous run's server 0: once it has
     applied N updates).
+``train-kill-at=N:R``
+    the trainer's rank R of ``MPI.COMM_WORLD`` SIGKILLs itself 10 ms into step N.
 ``train-sigterm-at=N``
     the trainer's last rank sends itself SIGTERM before each step from N on, until it sees
     the stop asked for.
@@ -18,6 +20,7 @@ import os
 import runpy
 import signal
 import sys
+import threading
 
 
 def flip(result) -> None:
@@ -51,7 +54,8 @@ def bench_corrupt(algorithm: str) -> None:
     harness._timed_call, harness._count_wrong = _timed_call, _count_wrong
 
 
-def train_faults(crash_at: int = -1, sigterm_at: int = -1) -> None:
+def train_faults(crash_at: int = -1, sigterm_at: int = -1, kill_at=(-1, -1)) -> None:
+    from mpi4py import MPI
     train = importlib.import_module("mlcomm.trainer.train")  # the module, not the function
     make_mode = train._mode
 
@@ -64,6 +68,8 @@ def train_faults(crash_at: int = -1, sigterm_at: int = -1) -> None:
                 ctx.comm.Abort(3)
             if 0 <= sigterm_at <= t and ctx.rank == ctx.size - 1 and not ctx.stop_requested():
                 os.kill(os.getpid(), signal.SIGTERM)
+            if (t, MPI.COMM_WORLD.Get_rank()) == kill_at:
+                threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGKILL)).start()
             return step(t)
 
         mode.step = faulty_step
@@ -88,8 +94,9 @@ def main(argv) -> None:
     if "bench-corrupt" in faults:
         bench_corrupt(faults.pop("bench-corrupt"))
     crash, term = int(faults.pop("train-crash-at", -1)), int(faults.pop("train-sigterm-at", -1))
-    if crash >= 0 or term >= 0:
-        train_faults(crash, term)
+    kill = tuple(int(v) for v in faults.pop("train-kill-at", "-1:-1").split(":"))
+    if crash >= 0 or term >= 0 or kill[0] >= 0:
+        train_faults(crash, term, kill)
     if faults:
         raise SystemExit(f"inject.py: unknown faults {sorted(faults)}")
     if rest[0] == "-m":
