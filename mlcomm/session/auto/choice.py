@@ -29,8 +29,7 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
     written, an input only read; an in-place call's array is restored after the trial).
     The trial's budget counts from here: the agreement is part of a first call. The other
     collectives' trial (:func:`~.others.other_trial`) runs on buffers of its own, of this
-    rank's call's ``shape`` (``(count, input size, output size, offset, placed)``, ``placed``
-    the root and counts as the plan takes them).
+    rank's call's ``shape`` (``(count, input size, output size, offset, placed)``).
     """
     began = time.perf_counter()
     if collective != "allreduce":

@@ -34,9 +34,10 @@ def other_trial(session, collective, trial, count, dtype, op, shape, began=None)
     """Time ``trial``'s candidates (``[(name, options), ...]``, the model's order) for this
     call of ``collective`` on every rank; return the pick as ``(name, options)``, the same on
     every rank. ``count``: the count the ranks share (the band's); ``shape``: this rank's
-    call as ``(count, input size, output size, offset, placed)``, ``offset`` the input's
-    start in the output where in place (else None), ``placed`` the root and counts as the
-    plan takes them. An even form's call of more than :data:`~.tuning.TRIAL_BYTES` a rank
+    call as ``(count, input size, output size, offset, placed)``: ``offset`` the input's
+    start in the output where in place (the output starts the array they share: an
+    in-place reduce-scatter's is its input's first block), else None; ``placed`` the root
+    and counts as the plan takes them. An even form's call of more than :data:`~.tuning.TRIAL_BYTES` a rank
     is timed on that many bytes a rank. What it timed is kept in ``session.trials``."""
     began = time.perf_counter() if began is None else began
     waited = time.perf_counter()
@@ -44,8 +45,11 @@ def other_trial(session, collective, trial, count, dtype, op, shape, began=None)
     load_compiled()  # nor the process's compiled code
     began += time.perf_counter() - waited
     n, in_size, out_size, offset, placed = _scaled(shape, dtype)
-    out = np.full(out_size, 0 if offset is not None else 1, dtype)  # written, as a caller's
-    inp = out[offset:offset + in_size] if offset is not None else np.ones(in_size, dtype)
+    if offset is None:  # written, as a caller's arrays are
+        inp, out = np.ones(in_size, dtype), np.ones(out_size, dtype)
+    else:  # in place: one array, as the call's (zeros, written: no sum overflows)
+        base = np.full(max(in_size + offset, out_size), 0, dtype)
+        inp, out = base[offset:offset + in_size], base[:out_size]
     bindings = {}
     try:
         plans = [plan_call(session, collective, name, n, dtype, op, dict(options, **placed),
