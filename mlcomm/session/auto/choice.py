@@ -20,7 +20,8 @@ def agreed_choice(session, collective, count, dtype, op, *, device=False,
     that differs from rank 0's raises ValueError on every rank
     (:meth:`~mlcomm.session.Session.agree`). Rank 0 proposes the tuned or modelled choice
     (:func:`~.policy.auto_choice`), or for an all-reduce with neither a tuned choice nor
-    ``MLCOMM_AUTO=model`` the candidates to time; every rank then runs the same trial
+    ``MLCOMM_AUTO=model`` (for another collective, without ``MLCOMM_AUTO=model``) the
+    candidates to time; every rank then runs the same trial
     (:func:`~.trial._trial`). The choice, modelled or timed, holds for the whole
     power-of-two size band. ``flat``: among the flat algorithms, for one rank per node
     (hierarchical's ``inter``). The options are empty but for a variant the trial timed

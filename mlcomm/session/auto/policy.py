@@ -74,9 +74,9 @@ def auto_choice(collective: str, p: int, nbytes: int, *, dtype=None, op=None,
     Each candidate's closed-form cost (:func:`mlcomm.model.cost.auto_candidates`: the
     algorithms whose registry entry is weighed on the node layout), plus the loop's per-step
     and per-op overhead and its local copies, is evaluated with the calibrated profile
-    (``mlcomm calibrate``; built-in defaults without one). The other collectives take the
-    algorithm of least closed-form cost, the node window's among them on one node
-    (:func:`_other_choice`). ``MLCOMM_DEBUG=1``
+    (``mlcomm calibrate``; built-in defaults without one). The other collectives' model
+    takes the algorithm of least closed-form cost, the node window's among them on one
+    node (:func:`_other_choice`). ``MLCOMM_DEBUG=1``
     logs the choice and every candidate's prediction.
     """
     if collective != "allreduce":
@@ -145,7 +145,10 @@ def _propose(collective, p, count, dtype, op, nodes, device, flat):
     items (a :data:`VARIANTS` entry, else empty): the model's
     :data:`~.tuning.TRIAL_WAY_TOP` fastest of each way (:func:`_way`), from
     :data:`~.tuning.TRIAL_PROBE_BYTES` of those it predicts within
-    :data:`~.tuning.TRIAL_MODEL_PRUNE` of its favourite and the library's call."""
+    :data:`~.tuning.TRIAL_MODEL_PRUNE` of its favourite and the library's call. Another
+    collective's are :func:`_other_candidates`, but where its count is 0 (an uneven form
+    whose counts differ by rank: every count would share one band), which the model
+    decides."""
     mode, nbytes = config.auto_mode(), count * dtype.itemsize
     if collective != "allreduce" and not (flat or device or p == 1 or mode == "model"
                                           or count == 0):
