@@ -88,23 +88,25 @@ def _host(session, call, own=False, own_output=False) -> BoundCall:
     inp, out, name, options = call.inp, call.out, call.name, call.options
     dtype, opname, collective = out.dtype, call.opname, call.collective
     held = None  # the binding whose output holds this call's result
-    if name == AUTO:  # an all-reduce's trial runs on its host arrays
+    # the root and the counts, as the plan takes them
+    placed = dict(call.counts, **({"root": call.root} if call.root else {}))
+    if name == AUTO:  # an all-reduce's trial runs on its host arrays, the others' on their shape
         host = collective == "allreduce" and type(inp) is np.ndarray and \
             type(out) is np.ndarray
         name, options = agreed_choice(session, collective, call.shared_count(session.size),
                                       dtype, opname,
                                       device=isinstance(out, DeviceVector),
-                                      buffers=(inp, out) if host else None)
+                                      buffers=(inp, out) if host else None,
+                                      shape=(call.count, inp.size, out.size, call.offset,
+                                             placed))
         held, session.held_result = session.held_result, None
     if name == MPI_NATIVE and isinstance(out, DeviceVector):
         run, binding = partial(native_call, collective, session.comm, inp, out, opname,
                                call.root, overlap=overlap, copy=_copy, buffer=_native_buffer,
                                empty=lambda v: v.empty(v.size)), None
     else:
-        if call.root or call.counts:
-            options = dict(options, **call.counts)
-            if call.root:
-                options["root"] = call.root
+        if placed:
+            options = dict(options, **placed)
         plan = plan_call(session, collective, name, call.count, dtype, opname, options,
                         call.offset)
         binding = session.own_binding(plan, inp, out) if own else \

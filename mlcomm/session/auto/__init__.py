@@ -6,8 +6,10 @@ size (to the power of two) and element type times every candidate on buffers of 
 size (at most :data:`TRIAL_BYTES`), and every later call in that band runs the fastest
 (:func:`agreed_choice`), whatever its op, unless the op changes which loop reduces it or
 whether the library can; below :data:`TRIAL_SHARED_BYTES` the band holds every integer
-dtype of the size too (:func:`_band_key`). ``MLCOMM_AUTO=model`` (or a device buffer on
-the direct path, or the other collectives) takes the cost model's prediction instead.
+dtype of the size too (:func:`_band_key`). The other collectives are timed alike, on
+buffers of the call's shape (:mod:`.others`), but for the uneven forms whose counts
+differ by rank. ``MLCOMM_AUTO=model`` (or a device buffer on the direct path, or one of
+those uneven forms) takes the cost model's prediction instead.
 
 Its modules, each importing only those above it:
 
@@ -19,6 +21,7 @@ Its modules, each importing only those above it:
 - :mod:`.arena`: the buffers a trial's candidates share;
 - :mod:`.rounds`: the trial's timed rounds (:func:`round_order`) and its pick;
 - :mod:`.trial`: the timed trial, step by step;
+- :mod:`.others`: the other collectives' timed trial;
 - :mod:`.choice`: :func:`agreed_choice`, which runs the trial where the ranks agreed to.
 """
 

@@ -15,7 +15,7 @@ from ...algorithms import ALGORITHMS, AUTO, COLLECTIVES, MPI_NATIVE, Layout, res
 from ...model.cost import auto_candidates, explain
 from ...model.machine import load_profile
 from ...runtime.frame import compiled_supports
-from ...transport.native import supports as library_supports
+from ...transport.native import native_dtype_ok, supports as library_supports
 from . import tuning
 
 log = logging.getLogger("mlcomm")
@@ -38,6 +38,9 @@ def _window_variant(name):
     least = ALGORITHMS[name].options["single_copy_bytes"]
     return lambda nbytes: [WINDOW_ONLY] if least <= nbytes < tuning.TRIAL_PROBE_BYTES else []
 
+
+#: the collectives other than all-reduce that reduce (the others move data only)
+REDUCING = frozenset(("reduce_scatter", "reduce", "reduce_scatter_v"))
 
 #: name -> (bytes -> option sets) that a trial times beside the name's defaults
 VARIANTS = {"shared_memory": _window_variant("shared_memory"),
@@ -71,9 +74,9 @@ def auto_choice(collective: str, p: int, nbytes: int, *, dtype=None, op=None,
     Each candidate's closed-form cost (:func:`mlcomm.model.cost.auto_candidates`: the
     algorithms whose registry entry is weighed on the node layout), plus the loop's per-step
     and per-op overhead and its local copies, is evaluated with the calibrated profile
-    (``mlcomm calibrate``; built-in defaults without one). The other collectives take the
-    algorithm of least closed-form cost, the node window's among them on one node
-    (:func:`_other_choice`). ``MLCOMM_DEBUG=1``
+    (``mlcomm calibrate``; built-in defaults without one). The other collectives' model
+    takes the algorithm of least closed-form cost, the node window's among them on one
+    node (:func:`_other_choice`). ``MLCOMM_DEBUG=1``
     logs the choice and every candidate's prediction.
     """
     if collective != "allreduce":
@@ -89,19 +92,41 @@ def _other_choice(collective, p, nbytes, dtype, op, nodes, device) -> str:
     window's among them on one node), the one of least closed-form cost for ``nbytes`` (the
     count the schedule takes, in bytes: a rank's block) on the profile's alpha, beta and
     gamma, the first registered of equals; the library's own call where none is weighed."""
-    table = COLLECTIVES[collective]
-    names = weighed(Layout(p, nodes), device, collective)
+    names, times, profile = _other_times(collective, p, nbytes, dtype, op, nodes, device)
     if not names:
         return MPI_NATIVE
+    choice = min(names, key=lambda name: round(times[name], 15))
+    _log_prediction(p, nbytes, choice, times, profile)
+    return choice
+
+
+def _other_times(collective, p, nbytes, dtype, op, nodes, device) -> tuple:
+    """``(names, times, profile)``: the algorithms of ``collective`` weighed on the layout,
+    in registry order, and each one's closed-form seconds for ``nbytes``."""
+    table = COLLECTIVES[collective]
+    names = weighed(Layout(p, nodes), device, collective)
     profile = load_profile()
     gamma = profile.gamma_for(dtype, op)
     context = lambda name: {k: v for k, v in (("nodes", nodes),) if k in table[name].context}
     times = {name: table[name].cost(p, nbytes, profile.alpha, profile.beta, gamma,
                                     **dict(table[name].options, **context(name)))
              for name in names}
-    choice = min(names, key=lambda name: round(times[name], 15))
-    _log_prediction(p, nbytes, choice, times, profile)
-    return choice
+    return names, times, profile
+
+
+def _other_candidates(collective, p, nbytes, dtype, op, nodes) -> list:
+    """The candidates of a collective other than all-reduce that its trial times
+    (:mod:`.others`), as ``[(name, ()), ...]``: the model's
+    :data:`~.tuning.OTHER_MODEL_TOP` cheapest by closed form, the first registered of
+    equals first, then the node window's (``shared_memory``) where it is weighed, then the
+    library's own call where the library has the dtype (and the op, for a reduction)."""
+    names, times, _ = _other_times(collective, p, nbytes, dtype, op, nodes, False)
+    ranked = sorted(names, key=lambda name: round(times[name], 15))[:tuning.OTHER_MODEL_TOP]
+    if "shared_memory" in names and "shared_memory" not in ranked:
+        ranked.append("shared_memory")
+    if library_supports(dtype, op) if collective in REDUCING else native_dtype_ok(dtype):
+        ranked.append(MPI_NATIVE)
+    return [(name, ()) for name in ranked]
 
 
 def _log_prediction(p, nbytes, choice, times, profile):
@@ -120,8 +145,15 @@ def _propose(collective, p, count, dtype, op, nodes, device, flat):
     items (a :data:`VARIANTS` entry, else empty): the model's
     :data:`~.tuning.TRIAL_WAY_TOP` fastest of each way (:func:`_way`), from
     :data:`~.tuning.TRIAL_PROBE_BYTES` of those it predicts within
-    :data:`~.tuning.TRIAL_MODEL_PRUNE` of its favourite and the library's call."""
+    :data:`~.tuning.TRIAL_MODEL_PRUNE` of its favourite and the library's call. Another
+    collective's are :func:`_other_candidates`, but where its count is 0 (an uneven form
+    whose counts differ by rank: every count would share one band), which the model
+    decides."""
     mode, nbytes = config.auto_mode(), count * dtype.itemsize
+    if collective != "allreduce" and not (flat or device or p == 1 or mode == "model"
+                                          or count == 0):
+        # timed (:mod:`.others`); an uneven form whose counts differ by rank has count 0
+        return None, _other_candidates(collective, p, nbytes, dtype, op, nodes)
     if collective != "allreduce" or flat or device or p == 1 or mode == "model":
         layout = tuple((r,) for r in range(p)) if flat else nodes
         return auto_choice(collective, p, nbytes, itemsize=dtype.itemsize, nodes=layout,

@@ -91,4 +91,17 @@ TRIAL_TIE = 1.02
 #: a window variant is picked only where it times this much faster than the fastest default
 VARIANT_MARGIN = 1.15
 
+# --- the other collectives' trial (.others) -----------------------------------------------
+
+#: the trial of a collective other than all-reduce times the model's this many cheapest, the
+#: node window's and the library's call
+OTHER_MODEL_TOP = 2
+#: from TRIAL_PROBE_BYTES, a candidate whose first call takes this factor of the fastest
+#: first call is not called again, the library's apart (whose first call sets up)
+OTHER_FIRST_PRUNE = 3.0
+#: each candidate called again stands by its fastest of this many calls (from
+#: TRIAL_PROBE_BYTES, of OTHER_WARM_LARGE, where the budget holds them)
+OTHER_WARM = 3
+OTHER_WARM_LARGE = 1
+
 __all__ = [name for name in dir() if name.isupper() and not name.startswith("_")]
