@@ -125,7 +125,9 @@ def test_a_count_that_differs_in_a_decided_band_ends_the_job_at_once(tmp_path, a
         {call}
         print("returned", rank, flush=True)
     """, {"MLCOMM_RANKS_PER_NODE": "2", "MLCOMM_STALL_SECONDS": "20",
-          "MLCOMM_PROFILE": "/nonexistent"})
+          "MLCOMM_PROFILE": "/nonexistent", "MLCOMM_AUTO": "model"})
+    # (a timed reduce_scatter may pick the library's own call, whose answer to counts that
+    # differ is its own: docs/reliability.rst)
     assert proc.returncode != 0 and "returned" not in proc.stdout, proc.stdout
     assert "has waited" not in proc.stderr, proc.stderr[-3000:]
     assert "validate=True" in proc.stderr and secs < 20, (secs, proc.stderr[-3000:])
