@@ -26,8 +26,8 @@ from mpi4py import MPI
 from ..transport.mpi.abort import abort_job
 from ..transport.mpi.names import is_failure
 
-__all__ = ["RankLost", "CHECK_SECONDS", "fault_tolerant", "gone", "lost", "lost_ranks", "revoke", "keep_failure_notice", "revoke_along", "forget",
-           "is_failure"]
+__all__ = ["RankLost", "CHECK_SECONDS", "fault_tolerant", "gone", "lost", "lost_ranks",
+           "revoke", "revoke_along", "forget", "keep_failure_notice", "visible", "is_failure"]
 
 #: seconds between the looks of a wait at its peers (a loss is found within about this)
 CHECK_SECONDS = 0.5

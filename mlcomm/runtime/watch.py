@@ -226,8 +226,7 @@ class Watch:
             if self.session is None or not is_failure(exc.Get_error_code()):
                 raise
             lost(self.session, gone(self.settings.pids), what, self.settings.rank,
-                 self.settings.pids)
-            raise
+                 self.settings.pids)  # raises RankLost, or ends the job
 
     def _look(self, what):
         """A lost peer (:mod:`~.liveness`) ends the wait."""
