@@ -5,7 +5,8 @@ the loop op code and kernel element size, the buffers' addresses and sizes, each
 transport's context and C ``start``/``test`` addresses, the stall limit, how often a wait
 yields the CPU, when it sleeps instead and on which transports' waits, and the addresses
 of ``MPI_Wtime``, ``sched_yield`` and ``usleep``. The loop writes
-back where it stopped (a stall) and which transport faulted. A program with turns is bound
+back where it stopped (a stall), how long that wait had lasted (the run that goes on
+counts from there: when to sleep is judged on the whole wait) and which transport faulted. A program with turns is bound
 once per set of turn areas: the first frame then holds the address of the turn (an int64
 that says which frame runs, flipped by each completed run) and of the second frame.
 Nothing here imports Numba.
@@ -36,8 +37,8 @@ MESSAGE_SLEEP_FACTOR = 10
 
 # frame words
 F_CODE, F_NCODE, F_OP, F_ITEM, F_PC, F_STALL_NS, F_YIELD_MASK, F_WTIME, F_YIELD, F_TRANSPORT, \
-    F_TURN, F_OTHER, F_NWORDS, F_SLEEP, F_SLEEP_AFTER_NS, F_SLEEPERS = range(16)
-F_TRANSPORTS = 16  # (context, start, test) per transport id
+    F_TURN, F_OTHER, F_NWORDS, F_SLEEP, F_SLEEP_AFTER_NS, F_SLEEPERS, F_WAITED_NS = range(17)
+F_TRANSPORTS = 17  # (context, start, test) per transport id
 #: the transport ids a frame has room for (a binding with more runs the Python loop)
 MAX_TRANSPORTS = 8
 F_BUFFERS = F_TRANSPORTS + 3 * MAX_TRANSPORTS  # then (address, bytes) per buffer id

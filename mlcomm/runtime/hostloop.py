@@ -23,7 +23,7 @@ from ..transport.cabi import call0_f64, call3, ccall0, ccall1, i64_array_at
 from ..kernels.numba_backend import scalar
 from .frame import (DONE, F_BUFFERS, F_CODE, F_ITEM, F_NCODE, F_NWORDS, F_OTHER, F_PC,
                     F_SLEEP, F_SLEEP_AFTER_NS, F_SLEEPERS, F_STALL_NS, F_TRANSPORT, F_TRANSPORTS,
-                    F_TURN, F_WTIME, F_YIELD, F_YIELD_MASK, FAULTED, MESSAGE_SLEEP_FACTOR,
+                    F_TURN, F_WAITED_NS, F_WTIME, F_YIELD, F_YIELD_MASK, FAULTED, MESSAGE_SLEEP_FACTOR,
                     SLEEP_US, SPIN_NS, STALLED, op_names)
 from ..ir.program import COPY, REDUCE, REDUCE2, REDUCE3, START, WAIT, WIDTH
 
@@ -36,7 +36,7 @@ _NAMES = op_names()
 #: checked below) or stale machine code would read the wrong words.
 LAYOUT = ("F_CODE=0 F_NCODE=1 F_ITEM=3 F_PC=4 F_STALL_NS=5 F_YIELD_MASK=6 F_WTIME=7 "
           "F_YIELD=8 F_TRANSPORT=9 F_TURN=10 F_OTHER=11 F_NWORDS=12 F_SLEEP=13 "
-          "F_SLEEP_AFTER_NS=14 F_SLEEPERS=15 F_TRANSPORTS=16 F_BUFFERS=40 WIDTH=8 START=1 "
+          "F_SLEEP_AFTER_NS=14 F_SLEEPERS=15 F_WAITED_NS=16 F_TRANSPORTS=17 F_BUFFERS=41 WIDTH=8 START=1 "
           "WAIT=2 COPY=3 REDUCE=4 REDUCE2=5 REDUCE3=6 DONE=0 STALLED=1 FAULTED=2 "
           "SPIN_NS=50000 SLEEP_US=20 MESSAGE_SLEEP_FACTOR=10")
 
@@ -112,6 +112,8 @@ def execute(frame, like, op):
             t = F_TRANSPORTS + 3 * code[i + 1]
             spins = 0
             since = 0.0
+            waited = frame[F_WAITED_NS]  # before this run's part of the wait (a stall's)
+            frame[F_WAITED_NS] = 0
             mask = frame[F_YIELD_MASK]
             sleep_after = frame[F_SLEEP_AFTER_NS] if (frame[F_SLEEPERS] >> code[i + 1]) & 1 \
                 else frame[F_SLEEP_AFTER_NS] * MESSAGE_SLEEP_FACTOR
@@ -127,12 +129,14 @@ def execute(frame, like, op):
                     now = call0_f64(frame[F_WTIME])
                     if since == 0.0:
                         since = now
-                    elif (now - since) * 1e9 > SPIN_NS:
+                    total = (now - since) * 1e9 + waited
+                    if total > SPIN_NS:
                         mask = 0  # a long wait: yield on every poll
                         if frame[F_STALL_NS] > 0 and (now - since) * 1e9 > frame[F_STALL_NS]:
                             frame[F_PC] = pc
+                            frame[F_WAITED_NS] = int(total)
                             return STALLED
-                    if 0 < sleep_after < (now - since) * 1e9:
+                    if 0 < sleep_after < total:
                         ccall1(frame[F_SLEEP], SLEEP_US)
                     else:
                         ccall0(frame[F_YIELD])

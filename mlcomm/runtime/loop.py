@@ -24,6 +24,8 @@ longer than the settings' ``sleep_after``, or on another transport longer than
 :data:`mlcomm.runtime.frame.MESSAGE_SLEEP_FACTOR` times that, sleeps
 :data:`mlcomm.runtime.frame.SLEEP_US` on every poll instead: a yielding rank still takes its
 turns on a core that a rank at work needs, a sleeping one does not.
+A wait that returned STALLED and is run again counts from where it stopped: when it
+yields and sleeps is judged on the whole wait, the stall limit on each run's part.
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ class PythonLoop:
         self.stall_seconds, self.yield_mask = settings.stall_seconds, settings.yield_mask
         self.sleep_after = settings.sleep_after
         self.pc, self.faulted_transport = 0, 0
+        self.waited = 0.0  # seconds the stalled wait at ``pc`` had lasted
         self.steps = []
         for row in program.instructions:
             kind = int(row[0])
@@ -162,6 +165,7 @@ class PythonLoop:
         """Poll until done; True (with ``_wait_code``) on a fault or a stall."""
         test = self.transports[transport].test
         spins, since, mask = 0, 0.0, self.yield_mask
+        waited, self.waited = self.waited, 0.0  # before this run's part (a stall's)
         while True:
             r = test(first, n)
             if r == 1:
@@ -174,10 +178,10 @@ class PythonLoop:
                 now = time.monotonic()
                 if not since:
                     since = now
-                elif now - since > SPIN_NS * 1e-9:
+                if now - since + waited > SPIN_NS * 1e-9:
                     mask = 0  # a long wait: yield on every poll
                     if self.stall_seconds and now - since > self.stall_seconds:
-                        self._wait_code = STALLED
+                        self.waited, self._wait_code = now - since + waited, STALLED
                         return True
                 rest(self.sleep_after * (1 if self.transports[transport].passive
-                                         else MESSAGE_SLEEP_FACTOR), since, now)
+                                         else MESSAGE_SLEEP_FACTOR), since - waited, now)
